@@ -1,0 +1,5 @@
+import sys
+
+from voice.cli import main
+
+sys.exit(main())

@@ -1,0 +1,337 @@
+"""The agent loop: turn -> steps -> provider request -> stream -> tools.
+
+Cancellation (DESIGN §4): a turn owns a cancel scope; `cancel()` is
+`scope.cancel()`, so the decision is seen at every await of the turn (the
+provider stream, a tool, a retry back-off, waiting for playback). What the
+turn leaves behind is then recorded shielded, under a deadline:
+
+- a stream in flight becomes an `assistant/message` (interrupted,
+  surfaceOp "append") holding the delivered prefix *as the surface reports
+  it*, intersected with `interrupted_blocks()`, or an `assistant/attempt`
+  when nothing of it was delivered;
+- committed messages still playing get a `speech/played` amendment;
+- committed tool calls never dispatched get ABORTED_BEFORE_DISPATCH results;
+- then `agent/assistant-stream` end < `step/end` < `turn/end`.
+
+A cancel from outside the turn (shutdown) records the same, with the turn
+closed `interrupted` instead of `aborted`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
+from voice.agent.providers.base import (
+    ModelRequest,
+    Provider,
+    ProviderError,
+    ReasoningDelta,
+    TextDelta,
+)
+from voice.agent.surface import Delivered, Surface, UnitRef
+from voice.agent.tools import ToolError, ToolRegistry
+from voice.log import events as ev
+from voice.log.projections import derive_messages, provider_messages
+from voice.log.store import EventStore
+
+
+@dataclass
+class LoopSettings:
+    system_prompt: str = ""
+    retries: int = 1  # extra attempts after a retryable provider error
+    retry_backoff_s: float = 0.5
+    max_steps: int = 8
+    stop_bound_s: float = 2.0  # shielded clean-up after a cancel
+
+
+@dataclass
+class _Streaming:
+    ref: UnitRef
+    assembler: BlockAssembler
+
+
+@dataclass
+class _TurnState:
+    turn: int
+    step: int = 0
+    attempt: int = 0
+    step_open: bool = False
+    streaming: _Streaming | None = None
+    # Committed messages whose delivery may still be under way (voice).
+    playing: list[UnitRef] = field(default_factory=list)
+    pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    turn: int
+    outcome: str  # completed | aborted | interrupted | error
+
+
+def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]:
+    """Keep of each text/reasoning block what the surface delivered."""
+    budget = {TEXT: delivered.text_chars, REASONING: delivered.reasoning_chars}
+    out = []
+    for b in blocks:
+        take = min(len(b.text), budget[b.type])
+        budget[b.type] -= take
+        piece = b.text[:take]
+        if piece.strip():
+            out.append({"type": b.type, "text": piece})
+    return out
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        store: EventStore,
+        provider: Provider,
+        surface: Surface,
+        conversation: str,
+        tools: ToolRegistry | None = None,
+        settings: LoopSettings | None = None,
+    ):
+        self.store = store
+        self.provider = provider
+        self.surface = surface
+        self.conversation = conversation
+        self.tools = tools or ToolRegistry()
+        self.settings = settings or LoopSettings()
+        self._scope: anyio.CancelScope | None = None
+        self._state: _TurnState | None = None
+        self.current_turn: int | None = None
+
+    # -- public ------------------------------------------------------------
+
+    def cancel(self) -> bool:
+        """Barge-in: stop the running turn. Returns False if none runs."""
+        if self._scope is None:
+            return False
+        self._scope.cancel()
+        return True
+
+    def in_flight(self) -> BlockAssembler | None:
+        """The assembler of the provider request in flight, if any (status, tests)."""
+        turn_state = self._state
+        return turn_state.streaming.assembler if turn_state and turn_state.streaming else None
+
+    @property
+    def busy(self) -> bool:
+        return self._scope is not None
+
+    async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
+        turn = self.store.start_turn(self.conversation, {"source": source})
+        self.store.append(self.conversation, ev.USER_MESSAGE, {"content": user_text, "source": source}, turn=turn)
+        state = _TurnState(turn)
+        self._state = state
+        self.current_turn = turn
+        outcome = ev.ABORTED
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                outcome = await self._run_steps(state)
+            except anyio.get_cancelled_exc_class():
+                outcome = ev.ABORTED if scope.cancel_called else ev.INTERRUPTED
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_bound_s):
+                    await self._record_cancel(state, outcome)
+                raise
+            finally:
+                self._scope = None
+                self._state = None
+                self.current_turn = None
+        return TurnResult(turn, outcome)
+
+    # -- steps -------------------------------------------------------------
+
+    async def _run_steps(self, state: _TurnState) -> str:
+        for step in range(self.settings.max_steps):
+            state.step, state.attempt = step, 0
+            self._append(ev.STEP_START, state, {"route": self._route()})
+            state.step_open = True
+            assembler = await self._request_with_retries(state)
+            if assembler is None:
+                self._append(ev.STEP_END, state, {"outcome": "error"})
+                state.step_open = False
+                self.store.end_turn(self.conversation, state.turn, ev.ERROR, error="the language model request failed")
+                return ev.ERROR
+            calls = assembler.tool_calls()
+            if calls:
+                await self._run_tools(state, calls)
+            self._append(ev.STEP_END, state, {"outcome": "tool_calls" if calls else "completed"})
+            state.step_open = False
+            if not calls:
+                break
+        else:
+            await self.surface.notice(f"stopped after {self.settings.max_steps} steps")
+        await self._wait_played(state)
+        self.store.end_turn(self.conversation, state.turn, ev.COMPLETED)
+        return ev.COMPLETED
+
+    async def _request_with_retries(self, state: _TurnState) -> BlockAssembler | None:
+        for attempt in range(self.settings.retries + 1):
+            state.attempt = attempt
+            try:
+                return await self._stream(state)
+            except ProviderError as exc:
+                if not exc.retryable or attempt == self.settings.retries:
+                    await self.surface.notice(f"the language model failed: {exc}")
+                    return None
+            await anyio.sleep(self.settings.retry_backoff_s * (2**attempt))
+        return None
+
+    async def _stream(self, state: _TurnState) -> BlockAssembler:
+        """One provider request. Commits the message on a normal finish;
+        on a provider error records the attempt and re-raises."""
+        ref = UnitRef(self.conversation, state.turn, state.step, state.attempt)
+        assembler = BlockAssembler()
+        state.streaming = _Streaming(ref, assembler)
+        self._append(ev.ASSISTANT_STREAM, state, {"frame": "start", "route": self._route()})
+        self.surface.open(ref)
+        request = ModelRequest(
+            messages=provider_messages(derive_messages(self.store, self.conversation), self.settings.system_prompt),
+            tools=self.tools.schemas(),
+        )
+        stream = self.provider.stream(request)
+        try:
+            async for delta in stream:
+                assembler.feed(delta)
+                if isinstance(delta, TextDelta):
+                    await self.surface.text(ref, delta.text)
+                elif isinstance(delta, ReasoningDelta):
+                    await self.surface.reasoning(ref, delta.text)
+        except ProviderError as exc:
+            assembler.note_error(str(exc))
+            assembler.close()
+            self.surface.discard(ref, "error")
+            self._append(ev.ASSISTANT_ATTEMPT, state, self._stream_record(ref, assembler, reason="error"))
+            self._append(ev.ASSISTANT_STREAM, state, {"frame": "end", "error": str(exc)})
+            self._append(
+                ev.REQUEST_ERROR, state, {"message": str(exc), "status": exc.status, "retryable": exc.retryable}
+            )
+            state.streaming = None
+            raise
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                await stream.aclose()
+        self.surface.close(ref)
+        calls = assembler.tool_calls()
+        record = self._stream_record(ref, assembler)
+        if not record["content"] and not calls:
+            self._append(ev.ASSISTANT_ATTEMPT, state, {**record, "reason": "empty"})
+        else:
+            record["tool_calls"] = [c.to_openai() for c in calls]
+            self._append(ev.ASSISTANT_MESSAGE, state, record)
+            state.playing.append(ref)
+        self._append(ev.ASSISTANT_STREAM, state, {"frame": "end", "finish_reason": assembler.finish_reason})
+        state.streaming = None
+        return assembler
+
+    def _stream_record(self, ref: UnitRef, assembler: BlockAssembler, **extra: Any) -> dict[str, Any]:
+        return {
+            "message_id": ref.message_id,
+            "content": assembler.content_blocks(),
+            "route": self._route(),
+            "finish_reason": assembler.finish_reason,
+            "stream": assembler.timed_stream,
+            **extra,
+        }
+
+    # -- tools -------------------------------------------------------------
+
+    async def _run_tools(self, state: _TurnState, calls: list[ToolCall]) -> None:
+        state.pending_calls = list(calls)
+        for call in calls:
+            self._append(ev.TOOL_CALL, state, {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments_json})
+        while state.pending_calls:
+            call = state.pending_calls.pop(0)
+            await self._run_tool(state, call)
+
+    async def _run_tool(self, state: _TurnState, call: ToolCall) -> None:
+        base = {"tool_call_id": call.id, "name": call.name}
+        tool = self.tools.get(call.name)
+        if tool is None:
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"no tool named {call.name!r}"})
+            return
+        try:
+            args = call.arguments()
+        except ValueError as exc:
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": str(exc)})
+            return
+        self._append(ev.TOOL_DISPATCH, state, {**base, "effect": tool.effect})
+        try:
+            with anyio.fail_after(tool.timeout_s):
+                content = await tool.run(args)
+        except ToolError as exc:
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": str(exc)})
+        except TimeoutError:
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"timed out after {tool.timeout_s} s"})
+        except anyio.get_cancelled_exc_class():
+            # A started call produces its real result: it was cancelled.
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "cancelled", "error": "the turn was stopped"})
+            raise
+        else:
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "ok", "content": content})
+
+    # -- delivery ----------------------------------------------------------
+
+    async def _wait_played(self, state: _TurnState) -> None:
+        while state.playing:
+            ref = state.playing[0]
+            delivered = await self.surface.wait_delivered(ref)
+            if self.surface.tracks_playback:
+                self._played(state, ref, delivered)
+            state.playing.pop(0)
+
+    def _played(self, state: _TurnState, ref: UnitRef, d: Delivered) -> None:
+        self.store.append(
+            self.conversation,
+            ev.SPEECH_PLAYED,
+            {"message_id": ref.message_id, "chars": d.text_chars, "words": d.words, "samples": d.samples, "complete": d.complete},
+            turn=ref.turn, step=ref.step, attempt=ref.attempt,
+        )
+
+    # -- cancellation ------------------------------------------------------
+
+    async def _record_cancel(self, state: _TurnState, outcome: str) -> None:
+        await self.surface.stop()
+        if state.streaming is not None:
+            ref, assembler = state.streaming.ref, state.streaming.assembler
+            assembler.close()
+            content = _truncate(assembler.interrupted_blocks(), self.surface.delivered(ref))
+            if content:
+                record = self._stream_record(ref, assembler, interrupted=True, surfaceOp="append")
+                record["content"] = content
+                self._append(ev.ASSISTANT_MESSAGE, state, record)
+            else:
+                self._append(ev.ASSISTANT_ATTEMPT, state, self._stream_record(ref, assembler, reason="aborted"))
+            self._append(ev.ASSISTANT_STREAM, state, {"frame": "end", "aborted": True})
+            state.streaming = None
+        if self.surface.tracks_playback:
+            for ref in state.playing:
+                self._played(state, ref, self.surface.delivered(ref))
+        state.playing.clear()
+        for call in state.pending_calls:
+            self._append(
+                ev.TOOL_RESULT,
+                state,
+                {"tool_call_id": call.id, "name": call.name, "status": ev.ABORTED_BEFORE_DISPATCH,
+                 "error": "the turn was stopped before this call ran"},
+            )
+        state.pending_calls.clear()
+        if state.step_open:
+            self._append(ev.STEP_END, state, {"outcome": outcome})
+            state.step_open = False
+        self.store.end_turn(self.conversation, state.turn, outcome)
+
+    # -- helpers -----------------------------------------------------------
+
+    def _route(self) -> dict[str, Any]:
+        r = self.provider.route
+        return {"provider": r.provider, "model": r.model, "base_url": r.base_url}
+
+    def _append(self, type: str, state: _TurnState, payload: dict[str, Any]) -> None:
+        self.store.append(self.conversation, type, payload, turn=state.turn, step=state.step, attempt=state.attempt)

@@ -1,0 +1,95 @@
+"""The one streaming interface every language-model provider implements.
+
+A provider turns a model request (messages + tool schemas) into an async
+iterator of deltas. It raises `ProviderError` for anything that went wrong on
+the provider's side (HTTP status, refused connection, a stream that broke off
+or ended without a finish reason); vendor exceptions never leak past it.
+
+Cancellation: iterating observes cancellation at every await; a provider must
+release its connection when the iterator is closed (`aclose()`), which the
+agent loop does in a `finally`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call. `index` says which call; `id` and `name`
+    arrive once (usually on the first piece), `arguments` is a JSON fragment."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class OtherDelta:
+    """A delta of a kind this project does not interpret (e.g. a refusal or
+    audio). Kept in the record, never in model history."""
+
+    kind: str
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The provider said the stream is complete. `reason` as the provider
+    gave it: "stop", "tool_calls", "length", ..."""
+
+    reason: str
+
+
+Delta = TextDelta | ReasoningDelta | ToolCallDelta | OtherDelta | Finish
+
+
+class ProviderError(Exception):
+    """A request failed on the provider's side. `retryable` tells the loop
+    whether another attempt may help (connection trouble, 5xx, 429)."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = True):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class ProviderRoute:
+    """Where a request went, recorded on every assistant message/attempt."""
+
+    provider: str
+    model: str
+    base_url: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    messages: Sequence[dict[str, Any]]
+    tools: Sequence[dict[str, Any]] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    route: ProviderRoute
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Delta]:
+        """Start the request and yield its deltas, ending with `Finish`.
+        Raises `ProviderError` on failure (also mid-stream)."""
+        ...
+
+    async def aclose(self) -> None: ...

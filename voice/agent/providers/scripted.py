@@ -1,0 +1,163 @@
+"""The scripted provider: streams prepared replies with timing, for tests
+and demos. It runs the same code path as a real provider (the loop cannot
+tell them apart) and records every request it was sent.
+
+Script format (TOML), one `[[reply]]` per model request, in order:
+
+    [[reply]]
+    chunk_delay_ms = 80       # pause between deltas
+    reasoning = "optional, streamed before the text"
+    text = "First point. Second point."   # streamed word by word
+    error_after_chars = 0     # fail the stream after this many text chars (0 = never)
+    finish = "stop"           # optional; "" ends the stream without a finish reason
+    [[reply.tool_calls]]
+    name = "get_time"
+    arguments = {}
+
+When the script runs out, the provider raises ProviderError: a test that
+asks more of the model than it scripted fails loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from voice.agent.providers.base import (
+    Delta,
+    Finish,
+    ModelRequest,
+    ProviderError,
+    ProviderRoute,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
+
+_REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms"}
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    text: str = ""
+    reasoning: str = ""
+    chunk_delay_ms: float = 80.0
+    first_delay_ms: float = 0.0
+    error_after_chars: int = 0
+    finish: str | None = None  # None: "tool_calls" if there are calls, else "stop"
+    tool_calls: tuple[ScriptedToolCall, ...] = ()
+
+
+def split_words(text: str) -> list[str]:
+    """Split into word pieces that concatenate back to `text` exactly; each
+    piece carries its leading whitespace ("First", " point.", ...)."""
+    pieces = re.findall(r"\s*\S+", text)
+    rest = text[len("".join(pieces)):]
+    if rest:
+        pieces.append(rest)
+    return pieces
+
+
+def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
+    replies = []
+    for n, item in enumerate(raw, 1):
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: reply {n} must be a table")
+        unknown = set(item) - _REPLY_KEYS
+        if unknown:
+            raise ValueError(f"{where}: reply {n} has unknown key(s) {sorted(unknown)}; allowed: {sorted(_REPLY_KEYS)}")
+        calls = []
+        for call in item.get("tool_calls", []):
+            if not isinstance(call, dict) or "name" not in call:
+                raise ValueError(f"{where}: reply {n}: each tool call needs a name")
+            args = call.get("arguments", {})
+            if not isinstance(args, dict):
+                raise ValueError(f"{where}: reply {n}: tool call arguments must be a table")
+            calls.append(ScriptedToolCall(str(call["name"]), args))
+        replies.append(
+            ScriptedReply(
+                text=str(item.get("text", "")),
+                reasoning=str(item.get("reasoning", "")),
+                chunk_delay_ms=float(item.get("chunk_delay_ms", 80)),
+                first_delay_ms=float(item.get("first_delay_ms", 0)),
+                error_after_chars=int(item.get("error_after_chars", 0)),
+                finish=item.get("finish"),
+                tool_calls=tuple(calls),
+            )
+        )
+    return replies
+
+
+def load_script(path: str | Path) -> list[ScriptedReply]:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"scripted LLM file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"scripted LLM file {path} is not valid TOML: {exc}") from None
+    if "reply" not in data or not isinstance(data["reply"], list):
+        raise ValueError(f"scripted LLM file {path} has no [[reply]] entries")
+    return parse_replies(data["reply"], str(path))
+
+
+@dataclass
+class ScriptedProvider:
+    replies: list[ScriptedReply]
+    name: str = "scripted"
+    requests: list[ModelRequest] = field(default_factory=list)
+    route: ProviderRoute = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.route = ProviderRoute(provider="scripted", model=self.name)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ScriptedProvider":
+        return cls(load_script(path), name=Path(path).name)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Delta]:
+        self.requests.append(request)
+        if len(self.requests) > len(self.replies):
+            raise ProviderError(
+                f"the scripted LLM has {len(self.replies)} replies and was asked for request {len(self.requests)}",
+                retryable=False,
+            )
+        reply = self.replies[len(self.requests) - 1]
+        delay = reply.chunk_delay_ms / 1000
+        if reply.first_delay_ms:
+            await anyio.sleep(reply.first_delay_ms / 1000)
+        for piece in split_words(reply.reasoning):
+            yield ReasoningDelta(piece)
+            await anyio.sleep(delay)
+        sent = 0
+        for piece in split_words(reply.text):
+            if reply.error_after_chars and sent + len(piece) > reply.error_after_chars:
+                raise ProviderError(f"scripted stream error after {sent} characters")
+            yield TextDelta(piece)
+            sent += len(piece)
+            await anyio.sleep(delay)
+        for index, call in enumerate(reply.tool_calls):
+            yield ToolCallDelta(index=index, id=f"call_{len(self.requests)}_{index}", name=call.name)
+            await anyio.sleep(delay)
+            yield ToolCallDelta(index=index, arguments=json.dumps(call.arguments))
+            await anyio.sleep(delay)
+        finish = reply.finish if reply.finish is not None else ("tool_calls" if reply.tool_calls else "stop")
+        if not finish:
+            raise ProviderError("stream ended without a finish reason")
+        yield Finish(finish)
+
+    async def aclose(self) -> None:
+        return None

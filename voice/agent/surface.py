@@ -1,0 +1,75 @@
+"""The surface: where the assistant's output reaches the person.
+
+The agent loop never assumes that what it generated was delivered. It hands
+text to a surface and later *asks* the surface how much of each message the
+person actually got: for the text surface, what was printed; for the voice
+surface, the words whose audio has fully played.
+
+Each assistant message is one output unit, named by a `UnitRef` (turn, step,
+attempt). A surface drops units of attempts that are no longer current.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class UnitRef:
+    conversation: str
+    turn: int
+    step: int
+    attempt: int
+
+    @property
+    def message_id(self) -> str:
+        return f"{self.turn}.{self.step}.{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """How much of one unit the person got. `text_chars` is a prefix length of
+    the unit's text (all its text blocks concatenated); `reasoning_chars`
+    likewise for reasoning (0 where reasoning is not shown)."""
+
+    text_chars: int
+    reasoning_chars: int = 0
+    complete: bool = False
+    words: int = 0
+    samples: int = 0
+
+
+class Surface(Protocol):
+    #: True when delivery continues after the stream ends (speech playing):
+    #: the loop then records `speech/played` for each message it completes.
+    tracks_playback: bool
+
+    def open(self, ref: UnitRef) -> None:
+        """A new assistant message starts."""
+
+    async def text(self, ref: UnitRef, text: str) -> None:
+        """Hand over a piece of the message's text (may queue it)."""
+
+    async def reasoning(self, ref: UnitRef, text: str) -> None:
+        """Hand over a piece of reasoning (a surface may ignore it)."""
+
+    def close(self, ref: UnitRef) -> None:
+        """The message has all its text."""
+
+    def discard(self, ref: UnitRef, reason: str) -> None:
+        """The attempt failed: drop what is queued of it and say so."""
+
+    def delivered(self, ref: UnitRef) -> Delivered:
+        """How much of the unit has reached the person, right now."""
+
+    async def wait_delivered(self, ref: UnitRef) -> Delivered:
+        """Wait until the whole unit has reached the person (cancellable)."""
+
+    async def stop(self) -> None:
+        """Barge-in: silence now and drop everything queued. Must finish
+        quickly; the loop calls it shielded under a deadline."""
+
+    async def notice(self, text: str) -> None:
+        """A message from the assistant itself, not from the model (errors,
+        hints). Not part of model history."""

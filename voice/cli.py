@@ -1,0 +1,193 @@
+"""The `voice` command line. Every subcommand takes --config and --db.
+
+Bad input (unknown flag, missing file, malformed TOML, unreachable LLM)
+ends with one line on stderr naming the problem, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+
+from voice.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help="a TOML file layered over config/voice.toml")
+    p.add_argument("--db", metavar="PATH", help="the event log (default: $XDG_STATE_HOME/voice/events.db)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="voice", description="A hands-free voice assistant that really stops when you talk over it.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("chat", help="talk to the assistant in text (Ctrl-C stops a reply)")
+    _common(p)
+    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--conversation", metavar="ID", help="continue this conversation (default: the latest)")
+    g.add_argument("--new", action="store_true", help="start a new conversation")
+
+    p = sub.add_parser("history", help="the model history derived from the log")
+    _common(p)
+    p.add_argument("--conversation", metavar="ID", help="default: the latest conversation")
+    p.add_argument("--json", action="store_true", help="print a JSON list of messages")
+    p.add_argument("--chat", action="store_true", help="print the chat view instead")
+
+    p = sub.add_parser("trace", help="the trajectory of one turn: each provider request and its fate")
+    _common(p)
+    p.add_argument("turn", type=int, metavar="TURN")
+    p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("fork", help="a new conversation with the history up to TURN; prints its id")
+    _common(p)
+    p.add_argument("turn", type=int, metavar="TURN")
+    p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    from voice.config import load_config
+
+    return load_config(args.config)
+
+
+def _store(args: argparse.Namespace, config: dict[str, Any]):
+    from voice.log.store import EventStore
+    from voice.paths import default_db
+
+    path = Path(args.db or config["paths"]["db"] or os.environ.get("VOICE_DB") or default_db())
+    try:
+        return EventStore(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -> str:
+    if args.conversation:
+        if args.conversation not in store.conversations():
+            raise UsageError(f"no conversation {args.conversation!r} in {store.path}")
+        return args.conversation
+    if turn is not None:
+        convs = store.conversations_of_turn(turn)
+        if not convs:
+            raise UsageError(f"no turn {turn} in {store.path}")
+        return convs[0]
+    conv = store.latest_conversation()
+    if conv is None:
+        raise UsageError(f"the log {store.path} is empty: talk first (voice chat)")
+    return conv
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from voice.agent.loop import AgentLoop, LoopSettings
+    from voice.agent.providers import ensure_reachable, make_provider
+    from voice.agent.tools import default_tools
+    from voice.chat import run_chat
+    from voice.log.store import new_conversation_id
+    from voice.surfaces.text import TextSurface
+
+    config = _config(args)
+    spec = args.llm or config["llm"]["provider"]
+    provider = make_provider(spec, config)
+    store = _store(args, config)
+    if args.new:
+        conversation = new_conversation_id()
+    elif args.conversation:
+        conversation = args.conversation
+    else:
+        conversation = store.latest_conversation() or new_conversation_id()
+    llm = config["llm"]
+    settings = LoopSettings(
+        system_prompt=llm["system_prompt"], retries=llm["retries"],
+        retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"],
+    )
+    surface = TextSurface(show_reasoning=config["chat"]["show_reasoning"])
+
+    async def main() -> None:
+        await ensure_reachable(provider, spec)
+        agent = AgentLoop(store, provider, surface, conversation, default_tools(), settings)
+        try:
+            await run_chat(agent)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await provider.aclose()
+
+    try:
+        anyio.run(main)
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from voice.log.projections import chat_view, derive_messages
+
+    store = _store(args, _config(args))
+    conv = _conversation_of(store, args)
+    if args.chat:
+        print("\n".join(chat_view(store, conv)))
+    elif args.json:
+        print(json.dumps(derive_messages(store, conv), ensure_ascii=False, indent=2))
+    else:
+        for m in derive_messages(store, conv):
+            flag = " [stopped]" if m.get("interrupted") else ""
+            calls = "".join(f" -> {c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", []))
+            print(f"{m['role']}: {m['content']}{flag}{calls}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from voice.log.projections import format_trajectory, trajectory
+
+    store = _store(args, _config(args))
+    conv = _conversation_of(store, args, args.turn)
+    records, outcome = trajectory(store, conv, args.turn)
+    if args.json:
+        print(json.dumps({"turn": args.turn, "conversation": conv, "outcome": outcome,
+                          "requests": [r.to_json() for r in records]}, indent=2))
+    else:
+        print(format_trajectory(args.turn, records, outcome))
+    return 0
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    from voice.log.projections import fork
+
+    store = _store(args, _config(args))
+    conv = _conversation_of(store, args, args.turn)
+    try:
+        print(fork(store, conv, args.turn))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+COMMANDS = {"chat": cmd_chat, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"voice: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The durable event log and the views derived from it."""

@@ -1,0 +1,87 @@
+"""The event vocabulary of the durable log (DESIGN §3). Imports nothing of ours.
+
+Every row of the log is one `Event`. The three *surface* types are the only
+ones model history is derived from; `speech/played` amends an assistant
+message with how much of it the person actually heard.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+TURN_START: Final = "turn/start"
+USER_MESSAGE: Final = "user/message"
+STEP_START: Final = "step/start"
+STEP_END: Final = "step/end"
+ASSISTANT_STREAM: Final = "agent/assistant-stream"
+ASSISTANT_MESSAGE: Final = "assistant/message"
+ASSISTANT_ATTEMPT: Final = "assistant/attempt"
+REQUEST_ERROR: Final = "agent/request-error"
+TOOL_CALL: Final = "tool/call"
+TOOL_DISPATCH: Final = "tool/dispatch"
+TOOL_RESULT: Final = "tool/result"
+EFFECT_RECEIPT: Final = "effect/receipt"
+SPEECH_PLAYED: Final = "speech/played"
+LATE_OUTPUT: Final = "late/output"
+CONVERSATION_FORK: Final = "conversation/fork"
+TURN_END: Final = "turn/end"
+
+EVENT_TYPES: Final = frozenset(
+    {
+        TURN_START, USER_MESSAGE, STEP_START, STEP_END, ASSISTANT_STREAM,
+        ASSISTANT_MESSAGE, ASSISTANT_ATTEMPT, REQUEST_ERROR, TOOL_CALL,
+        TOOL_DISPATCH, TOOL_RESULT, EFFECT_RECEIPT, SPEECH_PLAYED, LATE_OUTPUT,
+        CONVERSATION_FORK, TURN_END,
+    }
+)
+
+SURFACE_TYPES: Final = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
+
+# turn/end outcomes
+COMPLETED: Final = "completed"
+ABORTED: Final = "aborted"  # the person stopped it
+INTERRUPTED: Final = "interrupted"  # crash or shutdown
+ERROR: Final = "error"
+TURN_OUTCOMES: Final = frozenset({COMPLETED, ABORTED, INTERRUPTED, ERROR})
+
+# tool/result statuses
+ABORTED_BEFORE_DISPATCH: Final = "ABORTED_BEFORE_DISPATCH"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of the log, as read back."""
+
+    seq: int
+    conversation: str
+    turn: int | None
+    step: int | None
+    attempt: int | None
+    type: str
+    payload: dict[str, Any]
+    at_mono: float
+    at_wall: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "conversation": self.conversation,
+            "turn": self.turn,
+            "step": self.step,
+            "attempt": self.attempt,
+            "type": self.type,
+            "payload": self.payload,
+            "at_mono": self.at_mono,
+            "at_wall": self.at_wall,
+        }
+
+
+def encode_payload(payload: dict[str, Any]) -> str:
+    """JSON with no NaN and no silent coercion: a payload that is not plain
+    JSON is a bug at the caller, reported before anything is written."""
+    try:
+        return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"event payload is not JSON-serialisable: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Concrete surfaces: text (a terminal) and, from voice.speech, voice."""

@@ -1,0 +1,94 @@
+"""The text surface: replies stream to a terminal (or any text stream).
+
+Delivered = printed: every piece is written and flushed before `text()`
+returns, so at any cancellation point the printed text is exactly the
+delivered prefix.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from voice.agent.surface import Delivered, UnitRef
+
+
+@dataclass
+class _Unit:
+    text_chars: int = 0
+    reasoning_chars: int = 0
+    closed: bool = False
+
+
+@dataclass
+class TextSurface:
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    label: str = "assistant: "
+    show_reasoning: bool = True
+    tracks_playback: bool = False
+    _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _line_open: bool = False
+    _kind: str | None = None  # what the open line shows: "text" or "reasoning"
+
+    def _write(self, s: str) -> None:
+        self.out.write(s)
+        self.out.flush()
+
+    def _start_line(self, kind: str) -> None:
+        if self._line_open and self._kind == kind:
+            return
+        self._end_line()
+        self._write(self.label if kind == "text" else "(thinking) ")
+        self._line_open, self._kind = True, kind
+
+    def _end_line(self) -> None:
+        if self._line_open:
+            self._write("\n")
+            self._line_open, self._kind = False, None
+
+    def open(self, ref: UnitRef) -> None:
+        self._units[ref] = _Unit()
+
+    async def text(self, ref: UnitRef, text: str) -> None:
+        unit = self._units[ref]
+        if not text:
+            return
+        at_line_start = not (self._line_open and self._kind == "text")
+        self._start_line("text")
+        # Leading whitespace at the start of a line is not shown, yet it is
+        # part of the message's text prefix, so it counts as delivered.
+        self._write(text.lstrip() if at_line_start else text)
+        unit.text_chars += len(text)
+
+    async def reasoning(self, ref: UnitRef, text: str) -> None:
+        if not self.show_reasoning or not text:
+            return
+        self._start_line("reasoning")
+        self._write(text)
+        self._units[ref].reasoning_chars += len(text)
+
+    def close(self, ref: UnitRef) -> None:
+        self._units[ref].closed = True
+        self._end_line()
+
+    def discard(self, ref: UnitRef, reason: str) -> None:
+        if self._line_open:
+            self._write(f" [{reason}]")
+        self._end_line()
+
+    def delivered(self, ref: UnitRef) -> Delivered:
+        unit = self._units.get(ref, _Unit())
+        return Delivered(unit.text_chars, unit.reasoning_chars, complete=unit.closed)
+
+    async def wait_delivered(self, ref: UnitRef) -> Delivered:
+        return self.delivered(ref)
+
+    async def stop(self) -> None:
+        if self._line_open:
+            self._write(" [stopped]")
+        self._end_line()
+
+    async def notice(self, text: str) -> None:
+        self._end_line()
+        self._write(f"[{text}]\n")
