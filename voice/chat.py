@@ -8,26 +8,44 @@ stream the reply and to see the signal.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
+import threading
+from concurrent.futures import CancelledError
 from typing import TextIO
 
 import anyio
+import anyio.abc
 
 from voice.agent.loop import AgentLoop
 
 
-async def _read_line(stdin: TextIO, prompt: str, out: TextIO) -> str | None:
-    if prompt:
-        out.write(prompt)
-        out.flush()
-    line = await anyio.to_thread.run_sync(stdin.readline, abandon_on_cancel=True)
-    return line.rstrip("\n") if line else None
+def _start_reader(stdin: TextIO) -> anyio.abc.ObjectReceiveStream[str | None]:
+    """Lines from stdin, read by a daemon thread: a blocked read must never
+    keep the process alive after the person asked to exit."""
+    loop = asyncio.get_running_loop()
+    send, receive = anyio.create_memory_object_stream[str | None](1)
+
+    def read() -> None:
+        while True:
+            line = stdin.readline()
+            fut = asyncio.run_coroutine_threadsafe(send.send(line.rstrip("\n") if line else None), loop)
+            try:
+                fut.result()
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, RuntimeError, CancelledError):
+                return  # the chat is over
+            if not line:
+                return
+
+    threading.Thread(target=read, name="stdin-reader", daemon=True).start()
+    return receive
 
 
 async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
     interactive = stdin.isatty()
-    async with anyio.create_task_group() as tg:
+    lines = _start_reader(stdin)
+    async with lines, anyio.create_task_group() as tg:
 
         async def on_sigint() -> None:
             with anyio.open_signal_receiver(signal.SIGINT) as signals:
@@ -38,7 +56,10 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
 
         tg.start_soon(on_sigint)
         while True:
-            line = await _read_line(stdin, "you> " if interactive else "", out)
+            if interactive:
+                out.write("you> ")
+                out.flush()
+            line = await lines.receive()
             if line is None:
                 break
             if not line.strip():

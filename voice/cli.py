@@ -39,6 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--conversation", metavar="ID", help="continue this conversation (default: the latest)")
     g.add_argument("--new", action="store_true", help="start a new conversation")
 
+    p = sub.add_parser("replay", help="replay a scenario's recorded audio through the voice pipeline")
+    _common(p)
+    p.add_argument("scenario", metavar="SCENARIO.toml")
+    p.add_argument("--out", metavar="DIR", required=True, help="where mic.wav, played.wav, events.db, summary.json go")
+    p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
+    p.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model")
+
+    p = sub.add_parser("run", help="listen and talk on the sound card until SIGINT/SIGTERM")
+    _common(p)
+    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+
     p = sub.add_parser("history", help="the model history derived from the log")
     _common(p)
     p.add_argument("--conversation", metavar="ID", help="default: the latest conversation")
@@ -175,7 +186,28 @@ def cmd_fork(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"chat": cmd_chat, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
+def cmd_replay(args: argparse.Namespace) -> int:
+    from voice.replay import run_replay
+
+    summary = run_replay(Path(args.scenario), Path(args.out), _config(args), realtime=args.realtime,
+                         stt_model=args.stt_model)
+    print(f"wrote {args.out}/mic.wav, played.wav, events.db, summary.json "
+          f"({summary['device']['duration_s']:.1f} s of audio in {summary['device']['wall_s']:.1f} s)")
+    for t in summary["turns"]:
+        if t["interrupted"]:
+            print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in; delivered: {t['delivered_text']!r}")
+    if summary["device"]["gave_up"]:
+        print(f"voice: warning: {summary['device']['gave_up']}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from voice.live import run_live
+
+    return run_live(_config(args), _store(args, _config(args)), args.llm)
+
+
+COMMANDS = {"chat": cmd_chat, "replay": cmd_replay, "run": cmd_run, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
 
 
 def main(argv: list[str] | None = None) -> int:

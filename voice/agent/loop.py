@@ -217,7 +217,7 @@ class AgentLoop:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                 await stream.aclose()
-        self.surface.close(ref)
+        await self.surface.close(ref)
         calls = assembler.tool_calls()
         record = self._stream_record(ref, assembler)
         if not record["content"] and not calls:

@@ -54,8 +54,8 @@ class Surface(Protocol):
     async def reasoning(self, ref: UnitRef, text: str) -> None:
         """Hand over a piece of reasoning (a surface may ignore it)."""
 
-    def close(self, ref: UnitRef) -> None:
-        """The message has all its text."""
+    async def close(self, ref: UnitRef) -> None:
+        """The message has all its text (a voice surface speaks the rest)."""
 
     def discard(self, ref: UnitRef, reason: str) -> None:
         """The attempt failed: drop what is queued of it and say so."""

@@ -33,6 +33,25 @@ def _upto(events: list[Event], upto: int | None) -> list[Event]:
     return [e for e in events if e.turn is None or e.turn <= upto]
 
 
+def _assistant_entry(e: Event, played: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """An assistant/message as model history sees it: cut to what was heard."""
+    text = message_text(e.payload)
+    interrupted = bool(e.payload.get("interrupted"))
+    heard = played.get(e.payload.get("message_id", ""))
+    if heard is not None and not heard.get("complete"):
+        text = text[: heard["chars"]]
+        interrupted = True
+    calls = e.payload.get("tool_calls") or []
+    if not text.strip() and not calls:
+        return None  # nothing of it reached the person or the tools
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if interrupted:
+        msg["interrupted"] = True
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
 def derive_messages(store: EventStore, conversation: str, upto: int | None = None) -> list[dict[str, Any]]:
     """The model history of a conversation (up to and including turn `upto`):
     a list of {"role", "content", "interrupted"?, "tool_calls"?, "tool_call_id"?}."""
@@ -43,24 +62,40 @@ def derive_messages(store: EventStore, conversation: str, upto: int | None = Non
         if e.type == ev.USER_MESSAGE:
             messages.append({"role": "user", "content": e.payload["content"]})
         elif e.type == ev.ASSISTANT_MESSAGE:
-            text = message_text(e.payload)
-            interrupted = bool(e.payload.get("interrupted"))
-            heard = played.get(e.payload.get("message_id", ""))
-            if heard is not None and not heard.get("complete"):
-                text = text[: heard["chars"]]
-                interrupted = True
-            calls = e.payload.get("tool_calls") or []
-            if not text.strip() and not calls:
-                continue  # nothing of it reached the person or the tools
-            msg: dict[str, Any] = {"role": "assistant", "content": text}
-            if interrupted:
-                msg["interrupted"] = True
-            if calls:
-                msg["tool_calls"] = calls
-            messages.append(msg)
+            msg = _assistant_entry(e, played)
+            if msg is not None:
+                messages.append(msg)
         elif e.type == ev.TOOL_RESULT:
             messages.append({"role": "tool", "tool_call_id": e.payload["tool_call_id"], "content": tool_result_text(e.payload)})
     return messages
+
+
+@dataclass(frozen=True)
+class TurnReply:
+    user_text: str
+    generated_text: str  # everything the model streamed as text in kept attempts
+    delivered_text: str  # what reached the person (and model history)
+    interrupted: bool
+    outcome: str | None
+
+
+def turn_reply(store: EventStore, conversation: str, turn: int) -> TurnReply:
+    events = store.events(conversation, turn=turn)
+    played = _played_by_message(events)
+    user = next((e.payload["content"] for e in events if e.type == ev.USER_MESSAGE), "")
+    generated, delivered, interrupted, outcome = [], [], False, None
+    for e in events:
+        if e.type == ev.ASSISTANT_MESSAGE:
+            generated.append("".join(d for _, kind, d in e.payload.get("stream", []) if kind == "text").strip())
+            msg = _assistant_entry(e, played)
+            if msg is not None and msg["content"].strip():
+                delivered.append(msg["content"].strip())
+            interrupted = interrupted or bool(msg and msg.get("interrupted"))
+        elif e.type == ev.ASSISTANT_ATTEMPT and e.payload.get("reason") == "aborted":
+            interrupted = True
+        elif e.type == ev.TURN_END:
+            outcome = e.payload.get("outcome")
+    return TurnReply(user, " ".join(g for g in generated if g), " ".join(delivered), interrupted, outcome)
 
 
 def tool_result_text(payload: dict[str, Any]) -> str:
@@ -96,13 +131,12 @@ def chat_view(store: EventStore, conversation: str) -> list[str]:
             for block in e.payload.get("content", []):
                 if block.get("type") == "reasoning":
                     lines.append(f"  (thinking) {block['text'].strip()}")
-            text = message_text(e.payload)
-            heard = played.get(e.payload.get("message_id", ""))
-            stopped = bool(e.payload.get("interrupted"))
-            if heard is not None and not heard.get("complete"):
-                text, stopped = text[: heard["chars"]], True
-            if text.strip() or stopped:
-                lines.append(f"assistant: {text.strip()}" + (" [stopped]" if stopped else ""))
+            msg = _assistant_entry(e, played)
+            if msg is not None and (msg["content"].strip() or msg.get("interrupted")):
+                stopped = " [stopped]" if msg.get("interrupted") else ""
+                lines.append(f"assistant: {msg['content'].strip()}{stopped}")
+            elif msg is None and e.payload.get("interrupted"):
+                lines.append("assistant: [stopped]")
         elif e.type == ev.TOOL_RESULT:
             lines.append(f"  · {e.payload.get('name', '?')} -> {e.payload.get('status')}")
         elif e.type == ev.TURN_END and e.payload.get("outcome") == ev.ERROR:

@@ -63,22 +63,29 @@ class EventStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         try:
-            self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self._check_version()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._migrate()
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            self._db.close()
+            if isinstance(exc, ValueError):
+                raise
             raise ValueError(f"cannot open the event log {self.path}: {exc}") from exc
 
-    def _migrate(self) -> None:
+    def _check_version(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise ValueError(
                 f"the event log {self.path} has schema version {version}, newer than this "
                 f"program's {SCHEMA_VERSION}: upgrade voice"
             )
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
         self._db.executescript(_BASE_TABLE)
         for target in range(version + 1, SCHEMA_VERSION + 1):
             self._db.executescript("BEGIN;" + _MIGRATIONS[target] + f"PRAGMA user_version={target}; COMMIT;")

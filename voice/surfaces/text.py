@@ -68,7 +68,7 @@ class TextSurface:
         self._write(text)
         self._units[ref].reasoning_chars += len(text)
 
-    def close(self, ref: UnitRef) -> None:
+    async def close(self, ref: UnitRef) -> None:
         self._units[ref].closed = True
         self._end_line()
 

@@ -1,0 +1,184 @@
+"""Provider for OpenAI-compatible chat completions (Ollama, llama.cpp, vLLM, OpenAI).
+
+Cancellation propagates untouched (only `Exception` subclasses are translated).
+Whichever way the generator ends (exhausted, error, cancelled, `aclose()`), the
+SDK stream is closed in a shielded `finally`, releasing the HTTP connection.
+Vendor and transport exceptions are turned into `ProviderError` here, once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpcore2
+import httpx2
+import openai
+
+from voice.agent.providers.base import (
+    Delta,
+    Finish,
+    ModelRequest,
+    OtherDelta,
+    ProviderError,
+    ProviderRoute,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
+
+# Transport errors that may escape the SDK unwrapped (e.g. while it reads an error body).
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
+    httpx2.HTTPError,
+    httpx2.StreamError,
+    httpcore2.ProtocolError,
+    httpcore2.NetworkError,
+    httpcore2.TimeoutException,
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    OSError,
+)
+# Everything this provider translates; anything else (a bug, cancellation) passes through.
+_TRANSLATED = (openai.OpenAIError, json.JSONDecodeError, UnicodeDecodeError, *_TRANSPORT_ERRORS)
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+_CLOSE_TIMEOUT_S = 2.0
+_REACHABLE_TIMEOUT_S = 2.0
+
+
+class OpenAICompatibleProvider:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.extra_body = dict(extra_body) if extra_body else None
+        self.route = ProviderRoute(provider="openai", model=model, base_url=base_url)
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "not-needed",
+            timeout=timeout_s,
+            max_retries=0,
+        )
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Delta]:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": list(request.messages), "stream": True}
+        if request.tools:
+            kwargs["tools"] = list(request.tools)
+        if self.extra_body:
+            kwargs["extra_body"] = self.extra_body
+        try:
+            sdk_stream = await self._client.chat.completions.create(**kwargs)
+        except _TRANSLATED as e:
+            raise self._translate(e, started=False) from e
+
+        finish: str | None = None
+        try:
+            async for chunk in sdk_stream:
+                if not chunk.choices:  # usage-only chunk
+                    continue
+                choice = chunk.choices[0]
+                if choice.delta is not None:
+                    for delta in _deltas(choice.delta):
+                        yield delta
+                if choice.finish_reason is not None and finish is None:
+                    finish = str(choice.finish_reason)
+                    yield Finish(finish)
+        except _TRANSLATED as e:
+            raise self._translate(e, started=True) from e
+        finally:
+            # Shielded: a cancelled consumer must still release the connection.
+            with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
+                try:
+                    await sdk_stream.close()
+                except _TRANSPORT_ERRORS:
+                    pass
+        if finish is None:
+            raise ProviderError("stream ended without a finish reason", retryable=True)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def check_reachable(self) -> None:
+        """Raise ProviderError when nothing answers at base_url; any HTTP answer is fine."""
+        try:
+            await self._client.models.list(timeout=_REACHABLE_TIMEOUT_S)
+        except (openai.APIConnectionError, *_TRANSPORT_ERRORS) as e:
+            raise ProviderError(
+                f"cannot reach the language model at {self.base_url} ({_describe(e)}); "
+                "start the server or pass --llm scripted:FILE",
+                retryable=True,
+            ) from e
+        except (openai.OpenAIError, ValueError):
+            return  # it answered (404, 401, odd body): reachable
+
+    def _translate(self, e: Exception, *, started: bool) -> ProviderError:
+        if isinstance(e, openai.APIStatusError):
+            status = e.status_code
+            return ProviderError(
+                f"the language model at {self.base_url} answered HTTP {status}: {_server_message(e)}",
+                status=status,
+                retryable=status == 429 or status >= 500,
+            )
+        if isinstance(e, (openai.APIConnectionError, *_TRANSPORT_ERRORS)):
+            if started:
+                return ProviderError(f"the language model stream broke off: {_describe(e)}", retryable=True)
+            return ProviderError(
+                f"cannot reach the language model at {self.base_url}: {_describe(e)}", retryable=True
+            )
+        if isinstance(e, openai.APIError):  # an error event inside the stream
+            return ProviderError(f"the language model reported an error: {e.message}", retryable=True)
+        # Other SDK errors, or a chunk that is not JSON / not UTF-8.
+        return ProviderError(f"bad response from the language model: {_describe(e)}", retryable=True)
+
+
+def _deltas(delta: Any) -> list[Delta]:
+    out: list[Delta] = []
+    extra = getattr(delta, "model_extra", None) or {}
+    for name in _REASONING_FIELDS:
+        value = getattr(delta, name, None) or extra.get(name)
+        if isinstance(value, str) and value:
+            out.append(ReasoningDelta(value))
+            break
+    if delta.content:
+        out.append(TextDelta(delta.content))
+    if getattr(delta, "refusal", None):
+        out.append(OtherDelta("refusal", delta.refusal))
+    for position, call in enumerate(delta.tool_calls or ()):
+        index = getattr(call, "index", None)
+        function = getattr(call, "function", None)
+        out.append(
+            ToolCallDelta(
+                index=index if isinstance(index, int) else position,
+                id=getattr(call, "id", None),
+                name=getattr(function, "name", None),
+                arguments=getattr(function, "arguments", None) or "",
+            )
+        )
+    return out
+
+
+def _server_message(e: openai.APIStatusError) -> str:
+    body = e.body
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"]
+    if isinstance(body, str) and body:
+        return body
+    return e.message
+
+
+def _describe(e: BaseException) -> str:
+    """The root cause, e.g. 'ConnectionResetError: [Errno 104] Connection reset by peer'."""
+    found, seen = e, 0
+    cur: BaseException | None = e
+    while cur is not None and seen < 8:  # the SDK wraps httpx2 wraps httpcore2 wraps h11/anyio
+        if str(cur):
+            found = cur
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
+    return f"{type(found).__name__}: {found}" if str(found) else type(found).__name__

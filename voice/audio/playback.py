@@ -1,0 +1,128 @@
+"""The playback buffer: what the speaker will play, and what it has played.
+
+A pure state machine shared by the audio callback (which `pull`s exactly the
+samples it hands to the device) and the event loop (which `enqueue`s speech
+and asks how much of each chunk was heard). A short lock guards it; nothing
+in it blocks or allocates much, so it is safe inside an audio callback.
+
+Invariant: `position` counts every sample ever handed to the device, speech
+or silence. A chunk's `start` is the position of its first sample, so the
+person has heard `position - latency - start` samples of it (clamped).
+`clear()` is only *requested* from the loop; the next `pull` performs it, so
+the device buffer is emptied in the callback itself and nothing of a cleared
+chunk is handed to the device afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class _Chunk:
+    key: Hashable
+    samples: np.ndarray  # int16, mono, at the buffer's rate
+    start: int | None = None  # device position of the first sample, once handed over
+    taken: int = 0  # samples handed to the device so far
+    dropped: bool = False
+
+
+@dataclass
+class PlaybackBuffer:
+    rate: int
+    _queue: deque[_Chunk] = field(default_factory=deque)
+    _chunks: dict[Hashable, _Chunk] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _clear_requested: bool = False
+    position: int = 0
+    #: device positions at which a requested clear was carried out
+    clears: list[int] = field(default_factory=list)
+    #: device positions at which a chunk's first sample was handed over
+    starts: list[int] = field(default_factory=list)
+
+    def enqueue(self, key: Hashable, samples: np.ndarray) -> None:
+        if samples.dtype != np.int16 or samples.ndim != 1:
+            raise ValueError("playback wants mono int16 samples")
+        chunk = _Chunk(key, samples)
+        with self._lock:
+            self._chunks[key] = chunk
+            self._queue.append(chunk)
+
+    def request_clear(self) -> None:
+        """Drop everything not yet handed to the device, at the next pull."""
+        with self._lock:
+            self._clear_requested = True
+
+    def pull(self, n: int) -> np.ndarray:
+        """The next `n` samples for the device (silence when idle)."""
+        out = np.zeros(n, dtype=np.int16)
+        with self._lock:
+            if self._clear_requested:
+                for chunk in self._queue:
+                    chunk.dropped = True
+                self._queue.clear()
+                self._clear_requested = False
+                self.clears.append(self.position)
+            filled = 0
+            while filled < n and self._queue:
+                chunk = self._queue[0]
+                if chunk.start is None:
+                    chunk.start = self.position + filled
+                    self.starts.append(chunk.start)
+                take = min(n - filled, len(chunk.samples) - chunk.taken)
+                out[filled : filled + take] = chunk.samples[chunk.taken : chunk.taken + take]
+                chunk.taken += take
+                filled += take
+                if chunk.taken == len(chunk.samples):
+                    self._queue.popleft()
+            self.position += n
+        return out
+
+    # -- what was heard ----------------------------------------------------
+
+    def heard(self, key: Hashable, latency: int = 0) -> int:
+        """Samples of chunk `key` that have come out of the speaker, given
+        the device's output latency in samples."""
+        with self._lock:
+            chunk = self._chunks.get(key)
+            if chunk is None or chunk.start is None:
+                return 0
+            return max(0, min(chunk.taken, self.position - latency - chunk.start))
+
+    def handed(self, key: Hashable) -> int:
+        """Samples of chunk `key` handed to the device (they will play out)."""
+        with self._lock:
+            chunk = self._chunks.get(key)
+            return chunk.taken if chunk is not None else 0
+
+    def span(self, key: Hashable) -> tuple[int, int] | None:
+        """Device positions of the chunk's first and last-handed sample."""
+        with self._lock:
+            chunk = self._chunks.get(key)
+            if chunk is None or chunk.start is None:
+                return None
+            return chunk.start, chunk.start + chunk.taken
+
+    def finished(self, key: Hashable, latency: int = 0) -> bool:
+        """Whether the whole chunk has come out of the speaker."""
+        with self._lock:
+            chunk = self._chunks.get(key)
+        return chunk is not None and self.heard(key, latency) == len(chunk.samples)
+
+    def pending(self) -> bool:
+        """Speech queued or still in the device."""
+        with self._lock:
+            return bool(self._queue)
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._chunks)
+
+    def forget(self, key: Hashable) -> None:
+        with self._lock:
+            self._chunks.pop(key, None)

@@ -1,0 +1,122 @@
+"""The replay device: a duplex device backed by WAV files on a virtual clock.
+
+Each tick reads one 20 ms mic block from the scenario and writes one speaker
+block pulled from the playback buffer, exactly as the sounddevice callback
+does, so `played` holds precisely the samples the speaker played, on the
+same sample clock as `mic`. Output latency is zero by construction.
+
+User clips are placed on that clock as the scenario says; a barge-in clip
+is placed so that its speech onset (first loud sample) falls exactly
+`barge_in_after` seconds after the previous reply's first played sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import numpy as np
+
+from voice.audio.device import MIC_RATE, OnMic
+from voice.audio.playback import PlaybackBuffer
+from voice.audio.scenario import Scenario, UserClip
+
+BLOCK = 320  # 20 ms at 16 kHz
+
+
+@dataclass
+class PlacedClip:
+    clip: UserClip
+    start: int  # mic sample position of the clip's first sample
+
+    @property
+    def onset(self) -> int:
+        return self.start + self.clip.onset
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.clip.audio)
+
+
+@dataclass
+class ReplayDevice:
+    scenario: Scenario
+    idle: Callable[[], bool]  # True when the assistant has nothing to do or say
+    buffer: PlaybackBuffer = field(default_factory=lambda: PlaybackBuffer(MIC_RATE))
+    realtime: bool = False
+    position: int = 0
+    placed: list[PlacedClip] = field(default_factory=list)
+    mic_blocks: list[np.ndarray] = field(default_factory=list)
+    played_blocks: list[np.ndarray] = field(default_factory=list)
+    tick_lateness: list[float] = field(default_factory=list)
+    gave_up: str | None = None
+
+    @property
+    def out_rate(self) -> int:
+        return MIC_RATE
+
+    def output_latency(self) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
+
+    def mic(self) -> np.ndarray:
+        return np.concatenate(self.mic_blocks) if self.mic_blocks else np.zeros(0, np.int16)
+
+    def played(self) -> np.ndarray:
+        return np.concatenate(self.played_blocks) if self.played_blocks else np.zeros(0, np.int16)
+
+    async def run(self, on_mic: OnMic) -> None:
+        limit = int(self.scenario.max_duration * MIC_RATE)
+        tail = int(self.scenario.tail * MIC_RATE)
+        idle_since: int | None = None
+        deadline = time.monotonic()
+        while self.position < limit:
+            self._place_next()
+            mic = self._mix(self.position, BLOCK)
+            await on_mic(mic.tobytes())
+            self.played_blocks.append(self.buffer.pull(BLOCK))
+            self.mic_blocks.append(mic)
+            self.position += BLOCK
+            if len(self.placed) == len(self.scenario.users) and self.position >= self.placed[-1].end:
+                if self.idle():
+                    idle_since = self.position if idle_since is None else idle_since
+                    if self.position - idle_since >= tail:
+                        return
+                else:
+                    idle_since = None
+            deadline += BLOCK / MIC_RATE
+            self.tick_lateness.append(max(0.0, time.monotonic() - deadline))
+            await anyio.sleep_until(deadline)
+        self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"
+
+    def _place_next(self) -> None:
+        n = len(self.placed)
+        if n == len(self.scenario.users):
+            return
+        clip = self.scenario.users[n]
+        seconds = int(clip.seconds * MIC_RATE)
+        if clip.when == "at":
+            self.placed.append(PlacedClip(clip, seconds))
+            return
+        previous = self.placed[-1]
+        if self.position < previous.end:
+            return
+        reply_start = next((s for s in self.buffer.starts if s >= previous.onset), None)
+        if reply_start is None:
+            return  # the reply has not started playing yet
+        if clip.when == "barge_in_after":
+            self.placed.append(PlacedClip(clip, reply_start + seconds - clip.onset))
+        elif self.idle():  # after_reply
+            self.placed.append(PlacedClip(clip, self.position + seconds))
+
+    def _mix(self, start: int, n: int) -> np.ndarray:
+        out = np.zeros(n, np.int32)
+        for p in self.placed:
+            lo, hi = max(start, p.start), min(start + n, p.end)
+            if lo < hi:
+                out[lo - start : hi - start] += p.clip.audio[lo - p.start : hi - p.start]
+        return np.clip(out, -32768, 32767).astype(np.int16)

@@ -1,0 +1,99 @@
+"""Replay scenarios: which user audio starts when, and the scripted LLM.
+
+    llm = "scripted:replies.toml"     # or an inline [[reply]] list
+    [[user]]
+    audio = "ask.wav"                 # relative to the scenario file
+    at = 0.5                          # seconds on the scenario clock
+    [[user]]
+    audio = "stop_and_ask.wav"
+    barge_in_after = 2.4              # seconds after the previous reply's first played sample
+    [[user]]
+    audio = "thanks.wav"
+    after_reply = 0.8                 # seconds after the previous reply finished playing
+
+Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
+the last reply), `max_duration = 180` (a hard stop, seconds).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from voice.agent.providers.scripted import ScriptedReply, load_script, parse_replies
+from voice.audio.wav import read_mono16k
+
+_TOP = {"llm", "reply", "user", "tail", "max_duration", "stt_model"}
+_USER = {"audio", "at", "barge_in_after", "after_reply"}
+_WHEN = ("at", "barge_in_after", "after_reply")
+
+
+@dataclass(frozen=True)
+class UserClip:
+    audio: np.ndarray  # int16 16 kHz
+    name: str
+    when: str  # "at" | "barge_in_after" | "after_reply"
+    seconds: float
+    onset: int  # samples from the clip start to the first loud sample
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / 16000
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: Path
+    users: tuple[UserClip, ...]
+    replies: tuple[ScriptedReply, ...] | None
+    llm: str | None
+    tail: float = 1.5
+    max_duration: float = 180.0
+    stt_model: str | None = None
+
+
+def _onset(samples: np.ndarray, threshold: int = 500) -> int:
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
+    return int(loud[0]) if len(loud) else 0
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"scenario not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"scenario {path} is not valid TOML: {exc}") from None
+    unknown = set(data) - _TOP
+    if unknown:
+        raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
+    users = []
+    for n, u in enumerate(data.get("user", []), 1):
+        if not isinstance(u, dict) or "audio" not in u:
+            raise ValueError(f"scenario {path}: [[user]] {n} needs audio = \"FILE.wav\"")
+        bad = set(u) - _USER
+        if bad:
+            raise ValueError(f"scenario {path}: [[user]] {n} has unknown key(s) {sorted(bad)}; allowed: {sorted(_USER)}")
+        given = [k for k in _WHEN if k in u]
+        if len(given) != 1:
+            raise ValueError(f"scenario {path}: [[user]] {n} needs exactly one of {', '.join(_WHEN)}")
+        if n == 1 and given[0] != "at":
+            raise ValueError(f"scenario {path}: the first [[user]] must start at a time (at = SECONDS)")
+        audio = read_mono16k(path.parent / u["audio"])
+        users.append(UserClip(audio, u["audio"], given[0], float(u[given[0]]), _onset(audio)))
+    if not users:
+        raise ValueError(f"scenario {path} has no [[user]] audio")
+    replies = llm = None
+    if "reply" in data:
+        replies = tuple(parse_replies(data["reply"], str(path)))
+    elif "llm" in data:
+        llm = str(data["llm"])
+        if llm.startswith("scripted:"):
+            replies = tuple(load_script(path.parent / llm.removeprefix("scripted:")))
+            llm = None
+    return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
+                    float(data.get("max_duration", 180.0)), data.get("stt_model"))

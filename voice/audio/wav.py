@@ -1,0 +1,43 @@
+"""Reading and writing the WAV files of scenarios and replay outputs."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+
+class BadAudio(ValueError):
+    pass
+
+
+def read_mono16k(path: str | Path, rate: int = 16000) -> np.ndarray:
+    """A WAV as int16 mono at `rate`. Other rates are resampled (soxr);
+    stereo is refused with the fix, since mixing could hide a wrong file."""
+    path = Path(path)
+    try:
+        with wave.open(str(path), "rb") as w:
+            channels, width, src_rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except FileNotFoundError:
+        raise BadAudio(f"audio file not found: {path}") from None
+    except (wave.Error, EOFError) as exc:
+        raise BadAudio(f"{path} is not a readable WAV file: {exc}") from None
+    if width != 2:
+        raise BadAudio(f"{path}: {8 * width}-bit samples; convert to 16-bit: sox {path.name} -b 16 out.wav")
+    if channels != 1:
+        raise BadAudio(f"{path}: {channels} channels; convert to mono: sox {path.name} -c 1 out.wav")
+    samples = np.frombuffer(frames, dtype="<i2").astype(np.int16)
+    if src_rate != rate:
+        samples = soxr.resample(samples, src_rate, rate).astype(np.int16)
+    return samples
+
+
+def write_wav(path: str | Path, samples: np.ndarray, rate: int) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.asarray(samples, dtype="<i2").tobytes())

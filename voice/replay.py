@@ -1,0 +1,139 @@
+"""`voice replay SCENARIO --out DIR`: a scenario through the same pipeline the
+live service runs, with the replay device on the autojump clock.
+
+Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock),
+DIR/events.db and DIR/summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from voice.audio.clock import VirtualClock, run_on_virtual_clock
+from voice.errors import UsageError
+
+RATE = 16000
+
+
+def _progress(what: str, load):
+    print(f"loading {what}…", end="", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    value = load()
+    print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return value
+
+
+def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realtime: bool = False,
+               stt_model: str | None = None) -> dict[str, Any]:
+    clock = VirtualClock()
+    if not realtime:
+        clock.install()  # before pipecat is imported: its frames capture time.time at import
+    try:
+        return _run(scenario_path, out, config, realtime, stt_model, clock)
+    finally:
+        clock.uninstall()
+
+
+def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, Any]:
+    import anyio
+
+    from voice.agent.loop import LoopSettings
+    from voice.agent.providers import make_provider
+    from voice.agent.providers.scripted import ScriptedProvider
+    from voice.agent.tools import default_tools
+    from voice.audio.replay import ReplayDevice
+    from voice.audio.scenario import load_scenario
+    from voice.audio.wav import write_wav
+    from voice.log.store import EventStore, new_conversation_id
+    from voice.speech.models import ModelMissing
+    from voice.speech.session import VadSettings, VoiceSession
+    from voice.speech.stt import WhisperEngine
+    from voice.speech.tts import PiperEngine
+
+    try:
+        scenario = load_scenario(scenario_path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("events.db", "events.db-wal", "events.db-shm"):
+        (out / name).unlink(missing_ok=True)
+    provider = (ScriptedProvider(list(scenario.replies), name=scenario.path.name) if scenario.replies is not None
+                else make_provider(scenario.llm or config["llm"]["provider"], config))
+    model = stt_model or scenario.stt_model or config["stt"]["model"]
+    try:
+        stt = _progress(f"speech recognition (whisper {model})", lambda: WhisperEngine(model, config["stt"]["threads"]))
+        tts = _progress("speech synthesis (piper en_US-joe-medium)",
+                        lambda: PiperEngine(RATE, alignments=config["tts"]["alignments"]))
+    except (ModelMissing, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    store = EventStore(out / "events.db")
+    llm = config["llm"]
+    session: VoiceSession | None = None
+    device = ReplayDevice(scenario, idle=lambda: session is not None and session.idle(), realtime=realtime)
+    session = VoiceSession(
+        store=store, provider=provider, tools=default_tools(),
+        settings=LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
+                              retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"]),
+        conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
+        vad=VadSettings(**config["vad"]),
+    )
+    started = time.perf_counter()
+    if realtime:
+        anyio.run(session.run)
+    else:
+        run_on_virtual_clock(session.run(), clock)
+    wall = time.perf_counter() - started
+    write_wav(out / "mic.wav", device.mic(), RATE)
+    write_wav(out / "played.wav", device.played(), RATE)
+    summary = _summary(session, device, store, wall)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    store.close()
+    return summary
+
+
+def _summary(session, device, store, wall: float) -> dict[str, Any]:
+    from voice.log.projections import turn_reply
+
+    turns = []
+    for info in session.turns:
+        reply = turn_reply(store, session.conversation, info.turn)
+        span = session.speech_span(info.turn)
+        barge_in_s = ack_ms = None
+        if info.clear_position is not None:
+            clips = [p for p in device.placed if p.onset <= info.clear_position]
+            if clips:
+                onset = max(p.onset for p in clips)
+                barge_in_s = onset / RATE
+                ack_ms = round((info.clear_position - onset) / RATE * 1000, 1)
+        turns.append({
+            "turn": info.turn,
+            "user_text": reply.user_text,
+            "generated_text": reply.generated_text,
+            "delivered_text": reply.delivered_text,
+            "interrupted": reply.interrupted,
+            "status": reply.outcome,
+            "barge_in_s": barge_in_s,
+            "ack_ms": ack_ms,
+            "speech_start_s": span[0] / RATE if span else None,
+            "speech_end_s": span[1] / RATE if span else None,
+            "user_start_s": info.utterance_start / RATE,
+            "user_end_s": info.utterance_end / RATE,
+            "stt_s": round(info.stt_s, 3),
+        })
+    lateness = sorted(device.tick_lateness) or [0.0]
+    duration = device.position / RATE
+    return {
+        "turns": turns,
+        "device": {
+            "duration_s": duration,
+            "wall_s": round(wall, 2),
+            "speedup": round(duration / wall, 2) if wall else None,
+            "tick_lateness_ms_p99": round(lateness[int(0.99 * (len(lateness) - 1))] * 1000, 1),
+            "clips": [{"audio": p.clip.name, "start_s": p.start / RATE, "onset_s": p.onset / RATE} for p in device.placed],
+            "gave_up": device.gave_up,
+        },
+    }

@@ -1,0 +1,211 @@
+"""The pipecat pipeline of the voice surface:
+
+    listen (Silero VAD; end of turn = silence) -> transcribe (faster-whisper)
+    -> converse (hands text to the runtime) -> speak (piper) -> play (buffer)
+
+Our own frames carry sample positions (16 kHz mic clock) and unit refs. A
+barge-in pushes pipecat's `InterruptionFrame`, which cancels each
+processor's current work and flushes its queue (queued sentences never get
+synthesized); the runtime cancels the turn itself and the player buffer is
+cleared in the device callback. Inference runs in the loop's executor, where
+the replay clock counts it as in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from pipecat.audio.vad.vad_analyzer import VADState
+from pipecat.frames.frames import (
+    DataFrame,
+    Frame,
+    InputAudioRawFrame,
+    InterruptionFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+from voice.speech.stt import SttEngine
+from voice.speech.surface import Sentence, VoiceSurface
+from voice.speech.tts import SpeechAudio, TtsEngine
+
+MIC_RATE = 16000
+
+
+@dataclass
+class UtteranceFrame(DataFrame):
+    audio: bytes  # int16 mono 16 kHz, with pre-roll
+    start: int  # mic sample position of the speech onset (estimated)
+    end: int  # mic sample position where the end of turn was decided
+
+
+@dataclass
+class UserTextFrame(DataFrame):
+    text: str
+    start: int
+    end: int
+    stt_s: float
+
+
+@dataclass
+class SpeakFrame(DataFrame):
+    sentence: Sentence
+
+
+@dataclass
+class SpeechAudioFrame(DataFrame):
+    sentence: Sentence
+    audio: SpeechAudio
+
+
+class ListenEvents(Protocol):
+    async def user_started(self, onset: int) -> bool: ...
+    async def user_text(self, frame: UserTextFrame) -> None: ...
+    def late(self, kind: str, ref, info: dict) -> None: ...
+
+
+class ListenProcessor(FrameProcessor):
+    """VAD on the mic stream. An utterance ends after `stop_secs` of silence
+    (the VAD's own rule): smart-turn was measured unreliable on these voices
+    and costs 55-95 ms per decision."""
+
+    def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5):
+        super().__init__(name="listen")
+        self._vad = vad
+        self._events = events
+        self._start_samples = int(start_secs * MIC_RATE)
+        self._preroll: deque[bytes] = deque()
+        self._preroll_max = int(preroll_s * MIC_RATE) * 2
+        self._utterance = bytearray()
+        self.position = 0
+        self.speaking = False
+        self.muted = False
+        self._onset = 0
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, InputAudioRawFrame):
+            await self._listen(frame.audio)
+        else:
+            await self.push_frame(frame, direction)
+
+    async def _listen(self, audio: bytes) -> None:
+        n = len(audio) // 2
+        if self.muted:
+            audio = bytes(len(audio))
+        state = await self._vad.analyze_audio(audio)
+        self._preroll.append(audio)
+        while sum(map(len, self._preroll)) > self._preroll_max:
+            self._preroll.popleft()
+        if self.speaking:
+            self._utterance += audio
+        if not self.speaking and state == VADState.SPEAKING:
+            self.speaking = True
+            self._onset = max(0, self.position + n - self._start_samples)
+            self._utterance = bytearray(b"".join(self._preroll))
+            await self.push_frame(UserStartedSpeakingFrame())
+            if await self._events.user_started(self._onset):
+                await self.push_frame(InterruptionFrame())
+        elif self.speaking and state == VADState.QUIET:
+            self.speaking = False
+            utterance = UtteranceFrame(audio=bytes(self._utterance), start=self._onset, end=self.position + n)
+            self._utterance = bytearray()
+            await self.push_frame(UserStoppedSpeakingFrame())
+            await self.push_frame(utterance)
+        self.position += n
+
+
+class TranscribeProcessor(FrameProcessor):
+    def __init__(self, stt: SttEngine):
+        super().__init__(name="transcribe")
+        self._stt = stt
+        self.busy = False
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, UtteranceFrame):
+            audio = np.frombuffer(frame.audio, np.int16).astype(np.float32) / 32768.0
+            self.busy = True
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(None, self._stt.transcribe, audio)
+            finally:
+                self.busy = False
+            if result.text.strip():
+                await self.push_frame(UserTextFrame(text=result.text.strip(), start=frame.start, end=frame.end,
+                                                    stt_s=result.seconds))
+        else:
+            await self.push_frame(frame, direction)
+
+
+class ConverseProcessor(FrameProcessor):
+    """Where the runtime meets the pipeline: user text goes out to it, its
+    sentences come back in (`speak`) and flow on to synthesis."""
+
+    def __init__(self, events: ListenEvents):
+        super().__init__(name="converse")
+        self._events = events
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, UserTextFrame):
+            await self._events.user_text(frame)
+        else:
+            await self.push_frame(frame, direction)
+
+    async def speak(self, sentence: Sentence) -> None:
+        await self.push_frame(SpeakFrame(sentence=sentence))
+
+
+class SpeakProcessor(FrameProcessor):
+    """Synthesizes one sentence at a time. A sentence whose unit is no longer
+    current is not synthesized; audio that finishes after its unit was
+    stopped is discarded and logged as late."""
+
+    def __init__(self, tts: TtsEngine, surface: VoiceSurface, events: ListenEvents):
+        super().__init__(name="speak")
+        self._tts = tts
+        self._surface = surface
+        self._events = events
+        self.busy = False
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if not isinstance(frame, SpeakFrame):
+            await self.push_frame(frame, direction)
+            return
+        sentence = frame.sentence
+        if not self._surface.is_current(sentence.ref):
+            self._events.late("tts-text", sentence.ref, {"sentence": sentence.index})
+            return
+        job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, sentence.text)
+        self.busy = True
+        try:
+            audio = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            # Interrupted: the synthesis thread finishes on its own; its audio is late.
+            job.add_done_callback(lambda _: self._events.late("tts-audio", sentence.ref, {"sentence": sentence.index}))
+            raise
+        finally:
+            self.busy = False
+        await self.push_frame(SpeechAudioFrame(sentence=sentence, audio=audio))
+
+
+class PlayProcessor(FrameProcessor):
+    def __init__(self, surface: VoiceSurface):
+        super().__init__(name="play")
+        self._surface = surface
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, SpeechAudioFrame):
+            self._surface.play(frame.sentence, frame.audio)
+        elif isinstance(frame, InterruptionFrame):
+            self._surface.buffer.request_clear()
+            await self.push_frame(frame, direction)
+        else:
+            await self.push_frame(frame, direction)

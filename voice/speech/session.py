@@ -1,0 +1,187 @@
+"""A voice session: one audio device, the pipecat pipeline, and the runtime.
+
+It owns a task group with three children: the pipecat worker, the device
+(which feeds mic blocks in and pulls speaker blocks out), and the turn
+runner (which takes recognised utterances one at a time to the agent loop).
+A barge-in (speech onset while the assistant has a turn running or audio
+playing) cancels the turn, pushes an `InterruptionFrame` and clears the
+speaker buffer in the device callback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADParams
+from pipecat.frames.frames import EndFrame, InputAudioRawFrame
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.workers.runner import WorkerRunner
+
+from voice.agent.loop import AgentLoop, LoopSettings
+from voice.agent.providers.base import Provider
+from voice.agent.surface import UnitRef
+from voice.agent.tools import ToolRegistry
+from voice.audio.device import MIC_RATE, AudioDevice
+from voice.log import events as ev
+from voice.log.projections import turn_reply
+from voice.log.store import EventStore
+from voice.speech.pipeline import (
+    ConverseProcessor,
+    ListenProcessor,
+    PlayProcessor,
+    SpeakProcessor,
+    TranscribeProcessor,
+    UserTextFrame,
+)
+from voice.speech.stt import SttEngine
+from voice.speech.surface import VoiceSurface
+from voice.speech.tts import TtsEngine
+
+
+@dataclass(frozen=True)
+class VadSettings:
+    confidence: float = 0.7
+    start_secs: float = 0.2
+    stop_secs: float = 0.6
+    min_volume: float = 0.6
+
+
+@dataclass
+class TurnInfo:
+    turn: int
+    user_text: str
+    utterance_start: int  # mic samples
+    utterance_end: int
+    stt_s: float
+    text_ready_at: float  # loop time when the transcript reached the runtime
+    barge_in_onset: int | None = None  # VAD onset of the speech that stopped it
+    clear_position: int | None = None
+
+
+@dataclass
+class VoiceSession:
+    store: EventStore
+    provider: Provider
+    tools: ToolRegistry
+    settings: LoopSettings
+    conversation: str
+    device: AudioDevice
+    stt: SttEngine
+    tts: TtsEngine
+    vad: VadSettings = field(default_factory=VadSettings)
+    say: Callable[[str], None] = lambda line: print(line, flush=True)
+    turns: list[TurnInfo] = field(default_factory=list)
+    agent: AgentLoop = field(init=False)
+    surface: VoiceSurface = field(init=False)
+
+    def __post_init__(self) -> None:
+        analyzer = SileroVADAnalyzer(sample_rate=MIC_RATE, params=VADParams(
+            confidence=self.vad.confidence, start_secs=self.vad.start_secs,
+            stop_secs=self.vad.stop_secs, min_volume=self.vad.min_volume))
+        analyzer.set_sample_rate(MIC_RATE)
+        self.listen = ListenProcessor(analyzer, self, start_secs=self.vad.start_secs)
+        self.transcribe = TranscribeProcessor(self.stt)
+        self.converse = ConverseProcessor(self)
+        self.surface = VoiceSurface(self.device.buffer, speak=self.converse.speak,
+                                    output_latency=self.device.output_latency, on_late=self.late)
+        self.speak = SpeakProcessor(self.tts, self.surface, self)
+        self.play = PlayProcessor(self.surface)
+        self.agent = AgentLoop(self.store, self.provider, self.surface, self.conversation, self.tools, self.settings)
+        self._send, self._receive = anyio.create_memory_object_stream[UserTextFrame](16)
+        self._waiting = 0  # utterances recognised but whose turn has not ended
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until the device ends (replay) or the caller cancels (live)."""
+        worker = PipelineWorker(
+            Pipeline([self.listen, self.transcribe, self.converse, self.speak, self.play]),
+            enable_rtvi=False, idle_timeout_secs=None, cancel_on_idle_timeout=False,
+            params=PipelineParams(audio_in_sample_rate=MIC_RATE, audio_out_sample_rate=self.device.out_rate),
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+
+        async def on_mic(block: bytes) -> None:
+            await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            tg.start_soon(self._run_turns)
+            try:
+                await self.device.run(on_mic)
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(3):
+                    self.agent.cancel()
+                    await worker.queue_frame(EndFrame())
+                tg.cancel_scope.cancel()
+
+    def idle(self) -> bool:
+        """Nothing heard, thought or said is pending."""
+        return not (self.listen.speaking or self.transcribe.busy or self._waiting or self.agent.busy
+                    or self.surface.playing() or self.speak.busy)
+
+    # -- events from the pipeline -----------------------------------------
+
+    async def user_started(self, onset: int) -> bool:
+        """Speech onset. Returns True when it is a barge-in (the pipeline
+        then pushes an InterruptionFrame)."""
+        if not (self.agent.busy or self.surface.playing()):
+            return False
+        if self.agent.busy and self.turns:
+            self.turns[-1].barge_in_onset = onset  # turns run one at a time: the last is the running one
+        self.agent.cancel()
+        self.device.buffer.request_clear()
+        return True
+
+    async def user_text(self, frame: UserTextFrame) -> None:
+        self.say(f"you: {frame.text}")
+        self._waiting += 1
+        await self._send.send(frame)
+
+    def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
+        if ref.conversation != self.conversation:
+            return  # the assistant's own notices are not part of any turn
+        self.store.append(self.conversation, ev.LATE_OUTPUT, {"kind": kind, "message_id": ref.message_id, **info},
+                          turn=ref.turn, step=ref.step, attempt=ref.attempt)
+
+    # -- turns -------------------------------------------------------------
+
+    async def _run_turns(self) -> None:
+        async with self._receive:
+            async for frame in self._receive:
+                try:
+                    info = TurnInfo(-1, frame.text, frame.start, frame.end, frame.stt_s, anyio.current_time())
+                    self.turns.append(info)
+                    result = await self._turn(frame.text, info)
+                    reply = turn_reply(self.store, self.conversation, result.turn)
+                    if reply.delivered_text or reply.interrupted:
+                        self.say(f"assistant: {reply.delivered_text}" + (" [stopped]" if reply.interrupted else ""))
+                finally:
+                    self._waiting -= 1
+
+    async def _turn(self, text: str, info: TurnInfo):
+        result = await self.agent.run_turn(text, source="voice")
+        info.turn = result.turn
+        if info.barge_in_onset is not None:
+            info.clear_position = next((c for c in self.device.buffer.clears if c >= info.barge_in_onset), None)
+        return result
+
+    def speech_span(self, turn: int) -> tuple[int, int] | None:
+        """Device positions of the first and last played sample of a turn's speech."""
+        spans = [self.device.buffer.span(key) for key in self.device.buffer.keys() if key[0].turn == turn
+                 and key[0].conversation == self.conversation]
+        spans = [s for s in spans if s is not None and s[1] > s[0]]
+        if not spans:
+            return None
+        return min(s[0] for s in spans), max(s[1] for s in spans)
+
+
+def log_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,66 @@
+"""Speech to text with faster-whisper, on the CPU, from bundled weights.
+
+Whisper encodes a 30 s window whatever the utterance length, so latency is a
+fixed cost per utterance: the pipeline hands over whole utterances.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from voice.speech import models
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+STT_MODELS = ("base", "tiny.en")
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    seconds: float  # compute time
+
+
+class SttEngine(Protocol):
+    name: str
+
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        """Blocking: float32 mono 16 kHz in, text out. Run it in an executor."""
+        ...
+
+
+class WhisperEngine:
+    def __init__(self, model: str = "base", threads: int = 2):
+        from faster_whisper import WhisperModel
+
+        if model not in STT_MODELS:
+            raise ValueError(f"stt.model = {model!r}: allowed {', '.join(STT_MODELS)}")
+        self.name = model
+        if model == "tiny.en":
+            self._model = WhisperModel(str(models.whisper_tiny_en()), device="cpu", compute_type="int8", cpu_threads=threads)
+        else:
+            self._model = WhisperModel(
+                "whisper-base", device="cpu", compute_type="int8", cpu_threads=threads, files=models.whisper_base_files()
+            )
+
+    def transcribe(self, audio: np.ndarray, *, words: bool = False) -> Transcript:
+        started = time.perf_counter()
+        segments, _ = self._model.transcribe(
+            audio, language="en", beam_size=1, vad_filter=False, temperature=0.0,
+            condition_on_previous_text=False, without_timestamps=not words, word_timestamps=words,
+        )
+        text = " ".join(s.text.strip() for s in segments).strip()  # decoding happens while iterating
+        return Transcript(text, time.perf_counter() - started)
+
+    def words(self, audio: np.ndarray) -> list[tuple[str, float, float]]:
+        """Each recognised word with its start and end in seconds."""
+        segments, _ = self._model.transcribe(
+            audio, language="en", beam_size=1, vad_filter=False, temperature=0.0,
+            condition_on_previous_text=False, word_timestamps=True,
+        )
+        return [(w.word.strip(), w.start, w.end) for s in segments for w in (s.words or [])]

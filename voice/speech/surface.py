@@ -1,0 +1,171 @@
+"""The voice surface: the agent loop's text becomes queued sentences, each
+sentence becomes audio with word timings, and `delivered()` reports the
+words whose audio has fully come out of the speaker.
+
+Delivered while playing = samples handed to the device minus its output
+latency. After `stop()` the buffer is cleared in the device callback, and
+what had already been handed over will still play, so delivered = handed.
+
+Units (assistant messages) are keyed by `UnitRef`; a unit that was stopped
+or discarded is no longer current, and audio that arrives for it later is
+dropped and logged as late (`late/output`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from voice.agent.surface import Delivered, UnitRef
+from voice.audio.playback import PlaybackBuffer
+from voice.speech.tts import SpeechAudio
+
+# A sentence ends at ., ! or ? (with closing quotes/brackets) before whitespace, or at a line break.
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    ref: UnitRef
+    index: int
+    text: str
+    char_start: int  # in the unit's text
+
+    @property
+    def key(self) -> tuple[UnitRef, int]:
+        return (self.ref, self.index)
+
+
+@dataclass
+class _Unit:
+    ref: UnitRef
+    text: str = ""
+    cut: int = 0  # text before this offset has been split into sentences
+    sentences: list[Sentence] = field(default_factory=list)
+    audio: dict[int, SpeechAudio] = field(default_factory=dict)
+    closed: bool = False
+    current: bool = True
+    stopped: bool = False
+
+
+@dataclass
+class VoiceSurface:
+    buffer: PlaybackBuffer
+    speak: Callable[[Sentence], Awaitable[None]]  # hands a sentence to synthesis
+    output_latency: Callable[[], int] = lambda: 0  # samples, as the device reports
+    on_late: Callable[[str, UnitRef, dict], None] = lambda kind, ref, info: None
+    tracks_playback: bool = True
+    poll_s: float = 0.02
+    _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+
+    # -- Surface -----------------------------------------------------------
+
+    def open(self, ref: UnitRef) -> None:
+        self._units[ref] = _Unit(ref)
+
+    async def text(self, ref: UnitRef, text: str) -> None:
+        unit = self._units[ref]
+        unit.text += text
+        while (m := _SENTENCE_END.search(unit.text, unit.cut)) is not None:
+            await self._emit(unit, m.end())
+
+    async def reasoning(self, ref: UnitRef, text: str) -> None:
+        return None  # reasoning is not spoken, so it is never delivered
+
+    async def close(self, ref: UnitRef) -> None:
+        """Speak what is left after the last sentence end."""
+        unit = self._units[ref]
+        unit.closed = True
+        if unit.text[unit.cut :].strip():
+            await self._emit(unit, len(unit.text))
+        unit.cut = len(unit.text)
+
+    def discard(self, ref: UnitRef, reason: str) -> None:
+        unit = self._units.get(ref)
+        if unit is not None:
+            unit.current = False
+
+    def delivered(self, ref: UnitRef) -> Delivered:
+        unit = self._units.get(ref)
+        if unit is None:
+            return Delivered(0)
+        latency = self.output_latency()
+        chars = words = samples = 0
+        whole = True
+        for s in unit.sentences:
+            audio = unit.audio.get(s.index)
+            if audio is None:
+                whole = False
+                break
+            heard = self.buffer.handed(s.key) if unit.stopped else self.buffer.heard(s.key, latency)
+            samples += heard
+            played_words = [w for w in audio.words if w.end <= heard]
+            words += len(played_words)
+            if played_words:
+                chars = s.char_start + played_words[-1].char_end
+            if heard < len(audio.samples):
+                whole = False
+                break
+        complete = whole and unit.closed and unit.cut >= len(unit.text.rstrip())
+        if complete:
+            chars = len(unit.text)
+        return Delivered(text_chars=chars, words=words, samples=samples, complete=complete)
+
+    async def wait_delivered(self, ref: UnitRef) -> Delivered:
+        while True:
+            d = self.delivered(ref)
+            if d.complete:
+                return d
+            await anyio.sleep(self.poll_s)
+
+    async def stop(self) -> None:
+        for unit in self._units.values():
+            if unit.current:
+                unit.current, unit.stopped = False, True
+        done = len(self.buffer.clears)
+        self.buffer.request_clear()
+        with anyio.move_on_after(0.5):  # the device performs the clear at its next block
+            while len(self.buffer.clears) == done:
+                await anyio.sleep(0.005)
+
+    async def notice(self, text: str) -> None:
+        ref = UnitRef("notice", 0, 0, len(self._units))
+        self.open(ref)
+        await self.text(ref, text)
+        await self.close(ref)
+
+    # -- from the pipeline -------------------------------------------------
+
+    def is_current(self, ref: UnitRef) -> bool:
+        unit = self._units.get(ref)
+        return unit is not None and unit.current
+
+    def play(self, sentence: Sentence, audio: SpeechAudio) -> bool:
+        """Queue a synthesized sentence for the speaker, unless its unit is no
+        longer current (then it is late: logged and dropped)."""
+        unit = self._units.get(sentence.ref)
+        if unit is None or not unit.current:
+            self.on_late("tts-audio", sentence.ref, {"sentence": sentence.index, "samples": len(audio.samples)})
+            return False
+        unit.audio[sentence.index] = audio
+        self.buffer.enqueue(sentence.key, audio.samples)
+        return True
+
+    def playing(self) -> bool:
+        return self.buffer.pending()
+
+    # -- internals ---------------------------------------------------------
+
+    async def _emit(self, unit: _Unit, end: int) -> None:
+        start = unit.cut
+        unit.cut = end
+        raw = unit.text[start:end]
+        lead = len(raw) - len(raw.lstrip())
+        sentence = Sentence(unit.ref, len(unit.sentences), raw.strip(), start + lead)
+        if not sentence.text:
+            return
+        unit.sentences.append(sentence)
+        await self.speak(sentence)
