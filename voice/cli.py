@@ -194,7 +194,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}/mic.wav, played.wav, events.db, summary.json "
           f"({summary['device']['duration_s']:.1f} s of audio in {summary['device']['wall_s']:.1f} s)")
     for t in summary["turns"]:
-        if t["interrupted"]:
+        if t["status"] == "aborted":
             print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in; delivered: {t['delivered_text']!r}")
     if summary["device"]["gave_up"]:
         print(f"voice: warning: {summary['device']['gave_up']}", file=sys.stderr)

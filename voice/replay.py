@@ -41,6 +41,10 @@ def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realti
 def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, Any]:
     import anyio
 
+    from voice.logs import quiet_pipecat
+
+    quiet_pipecat()
+
     from voice.agent.loop import LoopSettings
     from voice.agent.providers import make_provider
     from voice.agent.providers.scripted import ScriptedProvider
@@ -70,12 +74,15 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
                         lambda: PiperEngine(RATE, alignments=config["tts"]["alignments"]))
     except (ModelMissing, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    tools = default_tools()
+    for t in scenario.tools:
+        tools.add(_scenario_tool(t))
     store = EventStore(out / "events.db")
     llm = config["llm"]
     session: VoiceSession | None = None
     device = ReplayDevice(scenario, idle=lambda: session is not None and session.idle(), realtime=realtime)
     session = VoiceSession(
-        store=store, provider=provider, tools=default_tools(),
+        store=store, provider=provider, tools=tools,
         settings=LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
                               retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"]),
         conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
@@ -91,8 +98,23 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     write_wav(out / "played.wav", device.played(), RATE)
     summary = _summary(session, device, store, wall)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    if isinstance(provider, ScriptedProvider):  # what the model was really sent, for parity checks
+        (out / "requests.json").write_text(json.dumps([list(r.messages) for r in provider.requests], indent=1) + "\n")
     store.close()
     return summary
+
+
+def _scenario_tool(spec):
+    import anyio
+
+    from voice.agent.tools import Tool
+
+    async def run(args: dict[str, Any]) -> str:
+        await anyio.sleep(spec.wait_s)
+        return spec.result
+
+    return Tool(spec.name, f"scenario tool that waits {spec.wait_s} s", {"type": "object"}, spec.effect, run,
+                timeout_s=spec.wait_s + 30)
 
 
 def _summary(session, device, store, wall: float) -> dict[str, Any]:
@@ -118,6 +140,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "status": reply.outcome,
             "barge_in_s": barge_in_s,
             "ack_ms": ack_ms,
+            "stop_s": info.clear_position / RATE if info.clear_position is not None else None,
             "speech_start_s": span[0] / RATE if span else None,
             "speech_end_s": span[1] / RATE if span else None,
             "user_start_s": info.utterance_start / RATE,

@@ -56,7 +56,7 @@ class LiveDevice:
         return self._out_rate
 
     def output_latency(self) -> int:
-        return int(self._latency_s * self._out_rate)
+        return round(self._latency_s * self._out_rate)
 
     def describe(self) -> str:
         return f"mic {self._names[0]!r} @ {self._in_rate} Hz, speaker {self._names[1]!r} @ {self._out_rate} Hz"
@@ -97,9 +97,9 @@ class LiveDevice:
             ]
             latency = lambda: streams[1].latency  # noqa: E731
         resampler = soxr.ResampleStream(self._in_rate, MIC_RATE, 1, dtype="int16") if self._in_rate != MIC_RATE else None
-        for s in streams:
-            s.start()
         try:
+            for s in streams:
+                s.start()
             self._latency_s = float(latency())
             async with receive:
                 async for block in receive:

@@ -39,6 +39,7 @@ class PlaybackBuffer:
     _chunks: dict[Hashable, _Chunk] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clear_requested: bool = False
+    _drop_requested: set = field(default_factory=set)
     position: int = 0
     #: device positions at which a requested clear was carried out
     clears: list[int] = field(default_factory=list)
@@ -58,6 +59,11 @@ class PlaybackBuffer:
         with self._lock:
             self._clear_requested = True
 
+    def request_drop(self, keys: set[Hashable]) -> None:
+        """Drop these chunks (what is not yet handed over), at the next pull."""
+        with self._lock:
+            self._drop_requested |= set(keys)
+
     def pull(self, n: int) -> np.ndarray:
         """The next `n` samples for the device (silence when idle)."""
         out = np.zeros(n, dtype=np.int16)
@@ -68,6 +74,11 @@ class PlaybackBuffer:
                 self._queue.clear()
                 self._clear_requested = False
                 self.clears.append(self.position)
+            if self._drop_requested:
+                for chunk in self._queue:
+                    chunk.dropped = chunk.dropped or chunk.key in self._drop_requested
+                self._queue = deque(c for c in self._queue if not c.dropped)
+                self._drop_requested = set()
             filled = 0
             while filled < n and self._queue:
                 chunk = self._queue[0]

@@ -11,6 +11,10 @@
     audio = "thanks.wav"
     after_reply = 0.8                 # seconds after the previous reply finished playing
 
+A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
+waits `wait_s` seconds and returns `result`: a stand-in for a slow external
+tool, so a scenario can talk over the assistant while it waits.
+
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
 """
@@ -26,7 +30,8 @@ import numpy as np
 from voice.agent.providers.scripted import ScriptedReply, load_script, parse_replies
 from voice.audio.wav import read_mono16k
 
-_TOP = {"llm", "reply", "user", "tail", "max_duration", "stt_model"}
+_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model"}
+_TOOL = {"name", "wait_s", "result", "effect"}
 _USER = {"audio", "at", "barge_in_after", "after_reply"}
 _WHEN = ("at", "barge_in_after", "after_reply")
 
@@ -45,6 +50,14 @@ class UserClip:
 
 
 @dataclass(frozen=True)
+class ScenarioTool:
+    name: str
+    wait_s: float
+    result: str
+    effect: str = "read"
+
+
+@dataclass(frozen=True)
 class Scenario:
     path: Path
     users: tuple[UserClip, ...]
@@ -53,6 +66,7 @@ class Scenario:
     tail: float = 1.5
     max_duration: float = 180.0
     stt_model: str | None = None
+    tools: tuple[ScenarioTool, ...] = ()
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:
@@ -71,6 +85,9 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
+    for table in ("user", "tool", "reply"):
+        if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
+            raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
     for n, u in enumerate(data.get("user", []), 1):
         if not isinstance(u, dict) or "audio" not in u:
@@ -95,5 +112,12 @@ def load_scenario(path: str | Path) -> Scenario:
         if llm.startswith("scripted:"):
             replies = tuple(load_script(path.parent / llm.removeprefix("scripted:")))
             llm = None
+    tools = []
+    for n, t in enumerate(data.get("tool", []), 1):
+        bad = set(t) - _TOOL
+        if bad or "name" not in t:
+            raise ValueError(f"scenario {path}: [[tool]] {n} needs a name and allows only {sorted(_TOOL)}")
+        tools.append(ScenarioTool(str(t["name"]), float(t.get("wait_s", 0)), str(t.get("result", "")),
+                                  str(t.get("effect", "read"))))
     return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
-                    float(data.get("max_duration", 180.0)), data.get("stt_model"))
+                    float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools))

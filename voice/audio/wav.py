@@ -29,6 +29,8 @@ def read_mono16k(path: str | Path, rate: int = 16000) -> np.ndarray:
         raise BadAudio(f"{path}: {8 * width}-bit samples; convert to 16-bit: sox {path.name} -b 16 out.wav")
     if channels != 1:
         raise BadAudio(f"{path}: {channels} channels; convert to mono: sox {path.name} -c 1 out.wav")
+    if len(frames) % 2:
+        raise BadAudio(f"{path} is not a readable WAV file: it ends in the middle of a sample")
     samples = np.frombuffer(frames, dtype="<i2").astype(np.int16)
     if src_rate != rate:
         samples = soxr.resample(samples, src_rate, rate).astype(np.int16)

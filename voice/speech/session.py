@@ -47,7 +47,7 @@ from voice.speech.tts import TtsEngine
 @dataclass(frozen=True)
 class VadSettings:
     confidence: float = 0.7
-    start_secs: float = 0.2
+    start_secs: float = 0.1
     stop_secs: float = 0.6
     min_volume: float = 0.6
 
@@ -111,15 +111,28 @@ class VoiceSession:
         async def on_mic(block: bytes) -> None:
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
 
+        runner_done = anyio.Event()
+
+        async def run_pipeline() -> None:
+            try:
+                await runner.run()
+            finally:
+                runner_done.set()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(runner.run)
+            tg.start_soon(run_pipeline)
             tg.start_soon(self._run_turns)
             try:
                 await self.device.run(on_mic)
             finally:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(3):
+                # Stop the turn (its prefix is recorded), then let the EndFrame
+                # drain the pipeline so pipecat closes its own tasks.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     self.agent.cancel()
+                    while self.agent.busy:
+                        await anyio.sleep(0.01)
                     await worker.queue_frame(EndFrame())
+                    await runner_done.wait()
                 tg.cancel_scope.cancel()
 
     def idle(self) -> bool:
@@ -162,7 +175,8 @@ class VoiceSession:
                     result = await self._turn(frame.text, info)
                     reply = turn_reply(self.store, self.conversation, result.turn)
                     if reply.delivered_text or reply.interrupted:
-                        self.say(f"assistant: {reply.delivered_text}" + (" [stopped]" if reply.interrupted else ""))
+                        stopped = "[stopped]" if reply.interrupted else ""
+                        self.say(" ".join(p for p in ("assistant:", reply.delivered_text, stopped) if p))
                 finally:
                     self._waiting -= 1
 

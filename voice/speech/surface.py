@@ -84,9 +84,11 @@ class VoiceSurface:
         unit.cut = len(unit.text)
 
     def discard(self, ref: UnitRef, reason: str) -> None:
+        """A failed attempt: what of it is still queued never plays."""
         unit = self._units.get(ref)
         if unit is not None:
             unit.current = False
+            self.buffer.request_drop({s.key for s in unit.sentences})
 
     def delivered(self, ref: UnitRef) -> Delivered:
         unit = self._units.get(ref)

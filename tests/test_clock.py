@@ -1,0 +1,158 @@
+"""The autojump virtual clock (voice/audio/clock.py). It patches `time`
+process-wide, so every check runs in its own Python subprocess and prints
+its measurements as JSON for the test to assert on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_child(body: str, timeout: float = 60) -> dict:
+    code = textwrap.dedent(
+        """
+        import asyncio, json, time
+        from voice.audio.clock import VirtualClock, run_blocking, run_on_virtual_clock
+        clock = VirtualClock()
+        clock.install()
+        """
+    ) + textwrap.dedent(body)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, proc.stdout + proc.stderr
+    return json.loads(lines[-1])
+
+
+def test_idle_sleep_jumps_virtual_time_not_real_time():
+    r = run_child(
+        """
+        async def main():
+            m0, t0, p0 = time.monotonic(), time.time(), time.perf_counter()
+            loop_t0 = asyncio.get_running_loop().time()
+            await asyncio.sleep(30)
+            return dict(
+                mono=time.monotonic() - m0,
+                wall=time.time() - t0,
+                real=time.perf_counter() - p0,
+                loop=asyncio.get_running_loop().time() - loop_t0,
+                ns=time.monotonic_ns(),
+                offset=clock.offset,
+            )
+        r = run_on_virtual_clock(main(), clock)
+        r["patched"] = time.monotonic == clock.monotonic and time.time == clock.time
+        print(json.dumps(r))
+        """
+    )
+    assert r["real"] < 2.0
+    assert r["mono"] >= 30.0
+    assert r["wall"] >= 30.0
+    assert r["loop"] >= 30.0
+    assert r["mono"] < 32.0 and r["wall"] < 32.0  # jumps to the timer, not past it by much
+    assert r["offset"] >= 29.0
+    assert r["patched"] is True
+
+
+def test_executor_work_advances_virtual_time_by_its_real_duration():
+    r = run_child(
+        """
+        async def main():
+            m0, p0 = time.monotonic(), time.perf_counter()
+            await run_blocking(time.sleep, 0.3)  # the real sleep, in a thread
+            return dict(virtual=time.monotonic() - m0, real=time.perf_counter() - p0, in_flight=clock.in_flight)
+        print(json.dumps(run_on_virtual_clock(main(), clock)))
+        """
+    )
+    assert 0.25 <= r["virtual"] <= 1.0
+    assert r["real"] >= 0.25
+    assert r["in_flight"] == 0
+
+
+def test_a_timer_does_not_jump_past_executor_work_in_flight():
+    r = run_child(
+        """
+        order = []
+        async def job():
+            await run_blocking(time.sleep, 0.3)
+            order.append(("job", time.monotonic()))
+
+        async def sleeper():
+            await asyncio.sleep(10)
+            order.append(("sleep", time.monotonic()))
+
+        async def main():
+            m0, p0 = time.monotonic(), time.perf_counter()
+            await asyncio.gather(sleeper(), job())
+            return dict(
+                order=[name for name, _ in order],
+                job_at=order[[n for n, _ in order].index("job")][1] - m0,
+                sleep_at=order[[n for n, _ in order].index("sleep")][1] - m0,
+                real=time.perf_counter() - p0,
+            )
+        print(json.dumps(run_on_virtual_clock(main(), clock)))
+        """
+    )
+    assert r["order"] == ["job", "sleep"]
+    assert 0.25 <= r["job_at"] <= 1.0, "virtual time jumped while the job was in flight"
+    assert r["sleep_at"] >= 10.0
+    assert r["real"] < 3.0
+
+
+def test_busy_prevents_jumping():
+    r = run_child(
+        """
+        async def main():
+            p0, m0 = time.perf_counter(), time.monotonic()
+            with clock.busy():
+                assert clock.in_flight == 1
+                await asyncio.sleep(0.2)
+            busy_real, busy_virtual = time.perf_counter() - p0, time.monotonic() - m0
+            p1, m1 = time.perf_counter(), time.monotonic()
+            await asyncio.sleep(5)  # not busy any more: jumps
+            return dict(busy_real=busy_real, busy_virtual=busy_virtual, in_flight=clock.in_flight,
+                        free_real=time.perf_counter() - p1, free_virtual=time.monotonic() - m1)
+        print(json.dumps(run_on_virtual_clock(main(), clock)))
+        """
+    )
+    assert r["busy_real"] >= 0.15
+    assert 0.15 <= r["busy_virtual"] < 1.0
+    assert r["in_flight"] == 0
+    assert r["free_real"] < 1.0
+    assert r["free_virtual"] >= 5.0
+
+
+def test_uninstall_restores_the_real_clock():
+    r = run_child(
+        """
+        real_mono = __import__("voice.audio.clock", fromlist=["x"])._real_monotonic
+        async def main():
+            await asyncio.sleep(100)
+        run_on_virtual_clock(main(), clock)
+        skewed = time.monotonic() - real_mono()
+        clock.uninstall()
+        p0, m0 = time.perf_counter(), time.monotonic()
+        time.sleep(0.1)
+        print(json.dumps(dict(
+            skewed=skewed,
+            restored=time.monotonic is real_mono,
+            time_restored=time.time is __import__("voice.audio.clock", fromlist=["x"])._real_time,
+            after=time.monotonic() - real_mono(),
+            step=time.monotonic() - m0,
+            real_step=time.perf_counter() - p0,
+        )))
+        """
+    )
+    assert r["skewed"] >= 99.0  # the offset skipped: 100 s less the real time spent
+    assert r["restored"] is True
+    assert r["time_restored"] is True
+    assert abs(r["after"]) < 0.05
+    assert r["step"] == pytest.approx(r["real_step"], abs=0.05)

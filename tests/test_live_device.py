@@ -1,0 +1,396 @@
+"""LiveDevice against a fake `sounddevice` module: the fake streams call the
+callback from a thread, block after block, on a fake clock (no real audio,
+no real waiting beyond tiny yields)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+
+import anyio
+import numpy as np
+import pytest
+
+from voice.audio.live import AudioUnavailable, LiveDevice
+from voice.audio.playback import PlaybackBuffer
+
+
+@dataclass
+class FakeTime:
+    inputBufferAdcTime: float
+    outputBufferDacTime: float
+    currentTime: float
+
+
+class FakeSD:
+    """What LiveDevice uses of sounddevice: query_devices and three stream
+    classes. Every stream runs `blocks` callbacks then stops calling."""
+
+    def __init__(
+        self,
+        in_rate: float = 16000.0,
+        out_rate: float = 16000.0,
+        *,
+        blocks: int = 40,
+        out_latency: float = 0.05,
+        query_error: Exception | None = None,
+    ):
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self.blocks = blocks
+        self.out_latency = out_latency
+        self.query_error = query_error
+        self.queries: list[tuple] = []
+        self.streams: list[FakeStream] = []
+        #: block index -> Event the stream thread waits for before that block
+        self.gates: dict[int, threading.Event] = {}
+        sd = self
+
+        class Stream(FakeStream):
+            def __init__(self, **kw):
+                super().__init__(sd, kind="duplex", **kw)
+
+        class InputStream(FakeStream):
+            def __init__(self, **kw):
+                super().__init__(sd, kind="input", **kw)
+
+        class OutputStream(FakeStream):
+            def __init__(self, **kw):
+                super().__init__(sd, kind="output", **kw)
+
+        self.module = types.ModuleType("sounddevice")
+        self.module.query_devices = self.query_devices
+        self.module.Stream = Stream
+        self.module.InputStream = InputStream
+        self.module.OutputStream = OutputStream
+
+    def query_devices(self, device=None, kind=None):
+        self.queries.append((device, kind))
+        if self.query_error is not None:
+            raise self.query_error
+        rate = self.in_rate if kind == "input" else self.out_rate
+        return {"name": f"fake {kind} {device}", "default_samplerate": rate}
+
+    def stream(self, kind: str) -> FakeStream:
+        [s] = [s for s in self.streams if s.kind == kind]
+        return s
+
+
+def mic_block(index: int, frames: int) -> np.ndarray:
+    """Distinct, known mic samples for block `index`."""
+    return (np.arange(frames, dtype=np.int32) + index * frames) % 30000 + 1
+
+
+@dataclass
+class FakeStream:
+    sd: FakeSD
+    samplerate: int
+    blocksize: int
+    device: object
+    callback: object
+    channels: int
+    dtype: str
+    kind: str = "?"
+    started: bool = False
+    stopped: bool = False
+    closed: bool = False
+    calls: int = 0
+    outputs: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
+    finished: threading.Event = field(default_factory=threading.Event)
+    errors: list = field(default_factory=list)
+    _halt: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.sd.streams.append(self)
+
+    @property
+    def latency(self):
+        if self.kind == "duplex":
+            return (0.01, self.sd.out_latency)
+        if self.kind == "output":
+            return self.sd.out_latency
+        return 0.01
+
+    def start(self) -> None:
+        assert not self.started
+        self.started = True
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        frames = self.blocksize
+        try:
+            for i in range(self.sd.blocks):
+                gate = self.sd.gates.get(i)
+                if gate is not None and not gate.wait(timeout=5):
+                    raise TimeoutError(f"gate {i} never opened")
+                if self._halt.is_set():
+                    break
+                t = i * frames / self.samplerate  # the fake clock
+                info = FakeTime(t, t + 0.05, t)
+                indata = mic_block(i, frames).astype(np.int16).reshape(frames, 1)
+                outdata = np.full((frames, 1), -12345, dtype=np.int16)  # garbage, as a real device gives
+                if self.kind == "duplex":
+                    self.callback(indata, outdata, frames, info, None)
+                elif self.kind == "input":
+                    self.callback(indata, frames, info, None)
+                else:
+                    self.callback(outdata, frames, info, None)
+                if self.kind != "output":
+                    self.inputs.append(indata[:, 0].copy())
+                if self.kind != "input":
+                    self.outputs.append(outdata.copy())
+                self.calls += 1
+                time.sleep(0.0005)  # a tiny yield, not real time
+        except BaseException as exc:  # surfaced by the tests
+            self.errors.append(exc)
+        finally:
+            self.finished.set()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._halt.set()
+        for g in self.sd.gates.values():
+            g.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def close(self) -> None:
+        assert self.stopped, "closed before stopped"
+        self.closed = True
+
+
+@pytest.fixture
+def fake_sd(monkeypatch):
+    def install(*args, **kw) -> FakeSD:
+        sd = FakeSD(*args, **kw)
+        monkeypatch.setitem(sys.modules, "sounddevice", sd.module)
+        return sd
+
+    return install
+
+
+async def run_until(device: LiveDevice, sd: FakeSD, on_mic, condition, *, timeout: float = 5.0) -> None:
+    """Run the device in a task group, wait for `condition()`, cancel it."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(device.run, on_mic)
+        with anyio.fail_after(timeout):
+            while not condition():
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+
+
+def all_streams_done(sd: FakeSD) -> bool:
+    return bool(sd.streams) and all(s.finished.is_set() for s in sd.streams)
+
+
+# -- construction ----------------------------------------------------------------
+
+
+def test_construct_reads_device_rates(fake_sd):
+    sd = fake_sd(48000.0, 16000.0)
+    dev = LiveDevice(input_device=3, output_device="speakers")
+    assert sd.queries == [(3, "input"), ("speakers", "output")]
+    assert dev.out_rate == 16000
+    assert isinstance(dev.buffer, PlaybackBuffer)
+    assert dev.buffer.rate == 16000
+    assert dev.output_latency() == 0  # not known before the stream runs
+    assert dev.describe() == "mic 'fake input 3' @ 48000 Hz, speaker 'fake output speakers' @ 16000 Hz"
+
+
+def test_portaudio_missing_raises_audio_unavailable_with_the_fix(fake_sd):
+    fake_sd(query_error=OSError("PortAudio library not found"))
+    with pytest.raises(AudioUnavailable) as info:
+        LiveDevice()
+    msg = str(info.value)
+    assert "PortAudio library not found" in msg
+    assert "python -m sounddevice" in msg
+    assert "[audio]" in msg
+    assert "voice replay" in msg
+    assert info.value.__cause__ is None
+
+
+def test_unknown_device_raises_audio_unavailable(fake_sd):
+    fake_sd(query_error=ValueError("No input device matching 'nope'"))
+    with pytest.raises(AudioUnavailable, match="voice replay") as info:
+        LiveDevice(input_device="nope")
+    assert "No input device matching 'nope'" in str(info.value)
+
+
+# -- duplex at 16 kHz --------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=40)
+    dev = LiveDevice()
+    rng = np.random.default_rng(7)
+    speech = [rng.integers(-20000, 20000, size=n, dtype=np.int16) for n in (1000, 2500, 777)]
+    reference = PlaybackBuffer(16000)
+    for i, s in enumerate(speech):
+        dev.buffer.enqueue(i, s)
+        reference.enqueue(i, s)
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes) -> None:
+        mic.append(data)
+
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 40)
+    [stream] = sd.streams
+    assert stream.kind == "duplex"
+    assert not stream.errors
+    assert (stream.samplerate, stream.blocksize, stream.channels, stream.dtype) == (16000, 320, 1, "int16")
+    assert stream.device == (None, None)
+    assert stream.started and stream.stopped and stream.closed
+    assert stream.calls == 40
+
+    assert all(o.shape == (320, 1) and o.dtype == np.int16 for o in stream.outputs)
+    out = np.concatenate([o[:, 0] for o in stream.outputs])
+    expected = np.concatenate([reference.pull(320) for _ in range(40)])
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out[:4277], np.concatenate(speech))
+    assert not out[4277:].any()
+    assert dev.buffer.position == 40 * 320
+    assert dev.buffer.starts == [0, 1000, 3500]
+
+    # Mic: 16 kHz int16 bytes, block by block, unchanged.
+    assert [len(b) for b in mic] == [640] * 40
+    got = np.frombuffer(b"".join(mic), dtype=np.int16)
+    np.testing.assert_array_equal(got, np.concatenate(stream.inputs))
+    np.testing.assert_array_equal(got[:320], mic_block(0, 320).astype(np.int16))
+    assert dev.dropped_blocks == 0
+
+    # Latency: the duplex stream's output latency, in output samples.
+    assert dev.output_latency() == round(0.05 * 16000) == 800
+
+
+@pytest.mark.anyio
+async def test_a_requested_clear_takes_effect_in_the_next_callback(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=20)
+    resume = threading.Event()
+    sd.gates[5] = resume  # the stream thread stops before block 5 until we say so
+    dev = LiveDevice()
+    speech = np.arange(1, 10001, dtype=np.int16)  # 10000 non-zero samples: would last 31 blocks
+    dev.buffer.enqueue("s", speech)
+
+    async def on_mic(data: bytes) -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dev.run, on_mic)
+        with anyio.fail_after(5):
+            while not sd.streams or sd.streams[0].calls < 5:
+                await anyio.sleep(0.002)
+        dev.buffer.request_clear()  # from the event loop, as VoiceSurface.stop does
+        resume.set()
+        with anyio.fail_after(5):
+            while not all_streams_done(sd):
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+
+    [stream] = sd.streams
+    assert not stream.errors
+    assert stream.calls == 20
+    out = np.concatenate([o[:, 0] for o in stream.outputs])
+    np.testing.assert_array_equal(out[:1600], speech[:1600])
+    assert not out[1600:].any(), "a sample of the cleared chunk was played after the clear"
+    assert dev.buffer.clears == [1600]
+    assert dev.buffer.handed("s") == 1600
+    assert stream.stopped and stream.closed
+
+
+# -- separate input and output streams ---------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_48k_mic_is_resampled_to_16k_and_output_latency_comes_from_the_output_stream(fake_sd):
+    sd = fake_sd(48000.0, 16000.0, blocks=30)
+    dev = LiveDevice(input_device=1, output_device=2)
+    speech = np.arange(1, 2001, dtype=np.int16)
+    dev.buffer.enqueue("s", speech)
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes) -> None:
+        assert isinstance(data, bytes)
+        mic.append(data)
+
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 30)
+    assert sorted(s.kind for s in sd.streams) == ["input", "output"]
+    inp, outp = sd.stream("input"), sd.stream("output")
+    assert not inp.errors and not outp.errors
+    assert (inp.samplerate, inp.blocksize, inp.device) == (48000, 960, 1)
+    assert (outp.samplerate, outp.blocksize, outp.device) == (16000, 320, 2)
+    for s in (inp, outp):
+        assert (s.channels, s.dtype) == (1, "int16")
+        assert s.started and s.stopped and s.closed
+    assert inp.calls == outp.calls == 30
+
+    out = np.concatenate([o[:, 0] for o in outp.outputs])
+    np.testing.assert_array_equal(out[:2000], speech)
+    assert not out[2000:].any()
+
+    total = sum(len(b) for b in mic) // 2
+    assert all(len(b) % 2 == 0 for b in mic)
+    assert abs(total - 960 * 30 / 3) <= 320, total  # within one 16 kHz block (the resampler's delay)
+    assert total < 960 * 30  # really resampled, not passed through
+    assert dev.dropped_blocks == 0
+    assert dev.output_latency() == round(0.05 * 16000) == 800
+
+
+@pytest.mark.anyio
+async def test_duplex_at_48k_resamples_the_mic_and_reports_latency_at_48k(fake_sd):
+    sd = fake_sd(48000.0, 48000.0, blocks=30)
+    dev = LiveDevice()
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes) -> None:
+        mic.append(data)
+
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 30)
+    [stream] = sd.streams
+    assert stream.kind == "duplex"
+    assert (stream.samplerate, stream.blocksize) == (48000, 960)
+    assert not stream.errors
+    assert stream.stopped and stream.closed
+    total = sum(len(b) for b in mic) // 2
+    assert abs(total - 960 * 30 / 3) <= 320, total
+    assert dev.output_latency() == round(0.05 * 48000) == 2400
+    assert dev.buffer.rate == 48000
+    assert dev.buffer.position == 30 * 960
+
+
+@pytest.mark.anyio
+async def test_output_latency_is_rounded_not_truncated(fake_sd):
+    """PortAudio reports latency as frames / rate; 1001 frames at 16 kHz must
+    read back as 1001 samples (int() of 1001/16000*16000 gives 1000)."""
+    sd = fake_sd(16000.0, 16000.0, blocks=3, out_latency=1001 / 16000)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes) -> None:
+        pass
+
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd))
+    assert dev.output_latency() == round(1001 / 16000 * 16000) == 1001
+
+
+@pytest.mark.anyio
+async def test_cancelling_run_stops_and_closes_streams_while_they_still_run(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=1000)
+    gate = threading.Event()
+    sd.gates[3] = gate  # the stream is alive and blocked when we cancel
+    dev = LiveDevice()
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes) -> None:
+        mic.append(data)
+
+    await run_until(dev, sd, on_mic, lambda: len(mic) == 3)
+    [stream] = sd.streams
+    assert stream.stopped and stream.closed
+    assert stream.finished.wait(5)
+    assert stream.calls == 3
+    assert not stream.errors

@@ -1,0 +1,252 @@
+"""The voice pipeline end to end, on replayed audio (no sound card): real
+Silero VAD, faster-whisper, piper and the pipecat pipeline, with the
+scripted LLM. Each scenario runs once through `voice replay` in its own
+process (the replay clock patches time process-wide); the tests then read
+what it wrote: played.wav, events.db, summary.json, requests.json.
+
+I1 is checked independently: faster-whisper transcribes the played audio of
+the cut reply, and that must match the delivered prefix within one word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from voice.audio.wav import read_mono16k
+from voice.log import events as ev
+from voice.log.projections import derive_messages
+from voice.log.store import EventStore
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
+RATE = 16000
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory):
+    """Run each scenario once; returns {name: out_dir}."""
+    outs = {}
+
+    def run(name: str) -> Path:
+        if name not in outs:
+            out = tmp_path_factory.mktemp(name)
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(out / "config")}
+            proc = subprocess.run([sys.executable, "-m", "voice", "replay", str(SCENARIOS / f"{name}.toml"),
+                                   "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            (out / "stdout.txt").write_text(proc.stdout)
+            outs[name] = out
+        return outs[name]
+
+    return run
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def turn_events(out: Path, turn: int):
+    store = EventStore(out / "events.db")
+    try:
+        return store.events(turn=turn)
+    finally:
+        store.close()
+
+
+def words(text: str) -> list[str]:
+    text = text.lower().replace("sea", "c")  # whisper hears "sea" as "C" on this voice
+    return re.findall(r"[a-z0-9']+", text)
+
+
+def common_in_order(a: list[str], b: list[str]) -> int:
+    """Length of the longest common subsequence of two word lists."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
+    return row[-1]
+
+
+@cache
+def whisper():
+    from voice.speech.stt import WhisperEngine
+
+    return WhisperEngine("base")
+
+
+def heard_in_played(out: Path, turn: dict) -> str:
+    """An independent transcription of the reply's audio in played.wav: the
+    words Whisper places wholly inside it. (Whisper completes a sentence cut
+    mid-word, "water on" -> "water on Earth"; a word it says ends after the
+    audio does was not heard whole.)"""
+    played = read_mono16k(out / "played.wav")
+    start, end = int(turn["speech_start_s"] * RATE), int(turn["speech_end_s"] * RATE)
+    pad = np.zeros(RATE * 3 // 10, np.int16)
+    audio = np.concatenate([pad, played[start:end], pad]).astype(np.float32) / 32768
+    cut = (len(pad) + end - start) / RATE
+    return " ".join(w for w, _, w_end in whisper().words(audio) if w_end <= cut + 0.02)
+
+
+def assert_heard_matches_delivered(out: Path, turn: dict) -> None:
+    """I1 within one word at the cut: the transcriber hears as many words as
+    were delivered (±1), and the same words (it may mishear a few)."""
+    heard, delivered = words(heard_in_played(out, turn)), words(turn["delivered_text"])
+    assert delivered, "nothing was delivered"
+    assert abs(len(heard) - len(delivered)) <= 1, f"heard {heard} but delivered {delivered}"
+    assert common_in_order(heard, delivered) >= 0.75 * len(delivered), f"heard {heard} but delivered {delivered}"
+
+
+def assert_silent_after_ack(out: Path, cut: dict, following: dict | None) -> None:
+    """I2: after the acknowledgement, not one sample of the cut reply plays."""
+    played = read_mono16k(out / "played.wav")
+    stop = round(cut["stop_s"] * RATE)  # where the buffer was cleared in the device callback
+    assert stop == round((cut["barge_in_s"] + cut["ack_ms"] / 1000) * RATE)
+    until = int(following["speech_start_s"] * RATE) if following and following["speech_start_s"] else len(played)
+    assert stop < until
+    assert not np.any(played[stop:until]), "audio of the cancelled reply played after the stop"
+    assert cut["speech_end_s"] * RATE <= stop
+
+
+# -- I1 / I2: cut in a later sentence, after the stream completed ------------
+
+
+def test_cut_after_stream_completed_records_what_was_heard(replays):
+    out = replays("cut_after_stream")
+    cut, nxt = summary(out)["turns"]
+    assert cut["interrupted"] and cut["status"] == ev.ABORTED
+    assert cut["generated_text"].startswith(cut["delivered_text"])
+    assert len(words(cut["delivered_text"])) < len(words(cut["generated_text"]))
+    assert "." in cut["delivered_text"], "the cut should fall in a later sentence"
+    assert_heard_matches_delivered(out, cut)
+    # the stream had completed: the message is whole, amended by speech/played
+    events = turn_events(out, cut["turn"])
+    (msg,) = [e for e in events if e.type == ev.ASSISTANT_MESSAGE]
+    assert "interrupted" not in msg.payload and msg.payload["finish_reason"] == "stop"
+    (played,) = [e for e in events if e.type == ev.SPEECH_PLAYED]
+    assert played.payload["complete"] is False
+    assert played.payload["words"] == len(cut["delivered_text"].split())
+
+
+def test_no_sample_of_the_cut_reply_after_the_acknowledgement(replays):
+    out = replays("cut_after_stream")
+    cut, nxt = summary(out)["turns"]
+    assert 0 < cut["ack_ms"] < 1000
+    assert_silent_after_ack(out, cut, nxt)
+    heard_rest = words(whisper().transcribe(read_mono16k(out / "played.wav")[
+        round(cut["stop_s"] * RATE):].astype(np.float32) / 32768).text)
+    assert "third" not in heard_rest and "kilometres" not in heard_rest
+
+
+def test_next_request_contains_the_delivered_prefix(replays):
+    out = replays("cut_after_stream")
+    cut, nxt = summary(out)["turns"]
+    requests = json.loads((out / "requests.json").read_text())
+    follow_up = requests[1]
+    assert {"role": "assistant", "content": cut["delivered_text"]} in follow_up
+    assert follow_up[-1] == {"role": "user", "content": nxt["user_text"]}
+    assert not any(cut["generated_text"] == m.get("content") for m in follow_up)
+
+
+def test_reply_that_plays_to_the_end_is_complete(replays):
+    out = replays("cut_after_stream")
+    _, full = summary(out)["turns"]
+    assert full["status"] == ev.COMPLETED and not full["interrupted"]
+    assert full["delivered_text"] == full["generated_text"]
+    assert_heard_matches_delivered(out, full)
+    (played,) = [e for e in turn_events(out, full["turn"]) if e.type == ev.SPEECH_PLAYED]
+    assert played.payload["complete"] is True
+
+
+def test_fork_at_the_cut_turn_inherits_the_delivered_prefix(replays):
+    out = replays("cut_after_stream")
+    cut, _ = summary(out)["turns"]
+    db = out / "events.db"
+    proc = subprocess.run([sys.executable, "-m", "voice", "fork", "--db", str(db), str(cut["turn"])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    store = EventStore(db)
+    try:
+        forked = derive_messages(store, proc.stdout.strip())
+    finally:
+        store.close()
+    assert forked[-1] == {"role": "assistant", "content": cut["delivered_text"], "interrupted": True}
+    assert len(forked) == 2
+
+
+# -- other cut points ----------------------------------------------------------
+
+
+def test_cut_in_the_first_sentence(replays):
+    out = replays("cut_first_sentence")
+    cut, nxt = summary(out)["turns"]
+    assert cut["interrupted"]
+    first_sentence = cut["generated_text"].split(".")[0]
+    assert first_sentence.startswith(cut["delivered_text"]) and cut["delivered_text"] != first_sentence
+    assert_heard_matches_delivered(out, cut)
+    assert_silent_after_ack(out, cut, nxt)
+
+
+def test_cut_while_the_model_is_still_streaming(replays):
+    out = replays("cut_during_stream")
+    cut, nxt = summary(out)["turns"]
+    events = turn_events(out, cut["turn"])
+    (msg,) = [e for e in events if e.type == ev.ASSISTANT_MESSAGE]
+    assert msg.payload["interrupted"] is True and msg.payload["surfaceOp"] == "append"
+    assert msg.payload["finish_reason"] is None  # the stream never finished
+    text = "".join(b["text"] for b in msg.payload["content"])
+    assert text == cut["delivered_text"]
+    streamed = "".join(d for _, k, d in msg.payload["stream"] if k == "text")
+    assert streamed.startswith(text) and len(streamed) > len(text)  # generated more than was heard
+    types = [e.type for e in events]
+    assert types.index(ev.ASSISTANT_MESSAGE) < types.index(ev.STEP_END) < types.index(ev.TURN_END)
+    assert_heard_matches_delivered(out, cut)
+    assert_silent_after_ack(out, cut, nxt)
+
+
+def test_cut_before_any_audio_is_an_attempt(replays):
+    """I3: nothing played, so nothing is the assistant's in history."""
+    out = replays("cut_before_audio")
+    cut, nxt = summary(out)["turns"]
+    assert cut["status"] == ev.ABORTED and cut["speech_start_s"] is None and cut["delivered_text"] == ""
+    events = turn_events(out, cut["turn"])
+    assert not [e for e in events if e.type == ev.ASSISTANT_MESSAGE]
+    (attempt,) = [e for e in events if e.type == ev.ASSISTANT_ATTEMPT]
+    assert attempt.payload["reason"] == "aborted"
+    played = read_mono16k(out / "played.wav")
+    assert not np.any(played[: int(nxt["speech_start_s"] * RATE)]), "something played before the second reply"
+    requests = json.loads((out / "requests.json").read_text())
+    assert [m["role"] for m in requests[1]] == ["system", "user", "user"]
+
+
+def test_cut_during_a_tool_call(replays):
+    out = replays("cut_during_tool")
+    cut, nxt = summary(out)["turns"]
+    assert cut["status"] == ev.ABORTED
+    events = turn_events(out, cut["turn"])
+    (result,) = [e for e in events if e.type == ev.TOOL_RESULT]
+    assert result.payload["status"] == "cancelled"
+    (played,) = [e for e in events if e.type == ev.SPEECH_PLAYED]
+    assert played.payload["complete"] is True  # "Let me look that up." had fully played
+    requests = json.loads((out / "requests.json").read_text())
+    assert len(requests) == 2  # no step after the tool: the cancel reached the wait
+    follow_up = requests[1]
+    tool_msgs = [m for m in follow_up if m["role"] == "tool"]
+    assert tool_msgs and tool_msgs[0]["content"].startswith("cancelled")
+    assert nxt["status"] == ev.COMPLETED
+
+
+def test_replay_runs_faster_than_real_time(replays):
+    device = summary(replays("cut_after_stream"))["device"]
+    assert device["speedup"] > 1.0, device
