@@ -25,6 +25,10 @@ class FakeTime:
     currentTime: float
 
 
+class FakePortAudioError(Exception):
+    """As sounddevice.PortAudioError: raised when PortAudio cannot do it."""
+
+
 class FakeSD:
     """What LiveDevice uses of sounddevice: query_devices and three stream
     classes. Every stream runs `blocks` callbacks then stops calling."""
@@ -61,6 +65,7 @@ class FakeSD:
                 super().__init__(sd, kind="output", **kw)
 
         self.module = types.ModuleType("sounddevice")
+        self.module.PortAudioError = FakePortAudioError
         self.module.query_devices = self.query_devices
         self.module.Stream = Stream
         self.module.InputStream = InputStream
@@ -202,12 +207,13 @@ def test_construct_reads_device_rates(fake_sd):
     assert dev.describe() == "mic 'fake input 3' @ 48000 Hz, speaker 'fake output speakers' @ 16000 Hz"
 
 
-def test_portaudio_missing_raises_audio_unavailable_with_the_fix(fake_sd):
-    fake_sd(query_error=OSError("PortAudio library not found"))
+def test_no_sound_card_raises_audio_unavailable_with_the_fix(fake_sd):
+    # What the real sounddevice raises on a machine without a sound card.
+    fake_sd(query_error=FakePortAudioError("Error querying device -1"))
     with pytest.raises(AudioUnavailable) as info:
         LiveDevice()
     msg = str(info.value)
-    assert "PortAudio library not found" in msg
+    assert "Error querying device -1" in msg
     assert "python -m sounddevice" in msg
     assert "[audio]" in msg
     assert "voice replay" in msg

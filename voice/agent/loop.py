@@ -103,14 +103,18 @@ class AgentLoop:
         self.settings = settings or LoopSettings()
         self._scope: anyio.CancelScope | None = None
         self._state: _TurnState | None = None
+        self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
 
     # -- public ------------------------------------------------------------
 
-    def cancel(self) -> bool:
-        """Barge-in: stop the running turn. Returns False if none runs."""
+    def cancel(self, outcome: str = ev.ABORTED) -> bool:
+        """Stop the running turn: `aborted` when the person stopped it
+        (barge-in, Ctrl-C), `interrupted` for a shutdown. Returns False if
+        no turn runs."""
         if self._scope is None:
             return False
+        self._cancel_outcome = outcome
         self._scope.cancel()
         return True
 
@@ -128,6 +132,7 @@ class AgentLoop:
         self.store.append(self.conversation, ev.USER_MESSAGE, {"content": user_text, "source": source}, turn=turn)
         state = _TurnState(turn)
         self._state = state
+        self._cancel_outcome = ev.ABORTED
         self.current_turn = turn
         outcome = ev.ABORTED
         with anyio.CancelScope() as scope:
@@ -135,7 +140,7 @@ class AgentLoop:
             try:
                 outcome = await self._run_steps(state)
             except anyio.get_cancelled_exc_class():
-                outcome = ev.ABORTED if scope.cancel_called else ev.INTERRUPTED
+                outcome = self._cancel_outcome if scope.cancel_called else ev.INTERRUPTED
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_bound_s):
                     await self._record_cancel(state, outcome)
                 raise

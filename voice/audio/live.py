@@ -39,10 +39,12 @@ class LiveDevice:
     def __post_init__(self) -> None:
         try:
             import sounddevice as sd
-
+        except OSError as exc:  # the PortAudio library is missing
+            raise AudioUnavailable(f"PortAudio is not installed ({exc}): apt-get install libportaudio2") from None
+        try:
             ins = sd.query_devices(self.input_device, "input")
             outs = sd.query_devices(self.output_device, "output")
-        except (OSError, ValueError) as exc:  # PortAudio missing, or no such device
+        except (sd.PortAudioError, ValueError) as exc:  # no sound card, or no such device
             raise AudioUnavailable(
                 f"no usable audio device ({exc}); list devices with `python -m sounddevice`, pick one with "
                 "[audio] input/output in the config, or use `voice replay` on a headless machine"

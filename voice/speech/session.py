@@ -128,7 +128,7 @@ class VoiceSession:
                 # Stop the turn (its prefix is recorded), then let the EndFrame
                 # drain the pipeline so pipecat closes its own tasks.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                    self.agent.cancel()
+                    self.agent.cancel(ev.INTERRUPTED)
                     while self.agent.busy:
                         await anyio.sleep(0.01)
                     await worker.queue_frame(EndFrame())
