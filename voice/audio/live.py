@@ -74,6 +74,8 @@ class LiveDevice:
                 send.send_nowait(block)
             except anyio.WouldBlock:
                 self.dropped_blocks += 1  # the loop fell behind: drop mic audio, never block the callback
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # shutting down: the reader is gone
 
         def on_output(outdata, frames, time_info, status) -> None:
             outdata[:, 0] = self.buffer.pull(frames)
