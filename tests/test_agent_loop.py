@@ -200,7 +200,7 @@ async def test_empty_prefix_is_an_attempt_not_a_message(store):
 async def test_cancel_during_tool_execution(store):
     started = anyio.Event()
 
-    async def slow(args):
+    async def slow(args, ctx):
         started.set()
         await anyio.sleep(30)
         return "never"

@@ -370,7 +370,7 @@ def test_opening_an_old_database_migrates_it(tmp_path: Path):
             (1, "c-old", 1, "turn/end", {"outcome": "completed"}, 10.0, 1600000000.0),
             (2, "c-old", 2, "turn/end", {"outcome": "aborted"}, 11.0, 1600000001.0),
         ]
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         # the unique index now refuses a duplicate turn/end
         with pytest.raises(DuplicateTurnEnd):
             store.append("c-old", ev.TURN_END, {"outcome": "error"}, turn=1)
@@ -387,7 +387,7 @@ def test_opening_an_old_database_migrates_it(tmp_path: Path):
 
     again = EventStore(path)  # a second open does not migrate twice or fail
     try:
-        assert again._db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert again._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert len(again.events()) == 4
     finally:
         again.close()

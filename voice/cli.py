@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
 
+    p = sub.add_parser("effects", help="every dispatched write and what is known of it")
+    _common(p)
+    p.add_argument("--json", action="store_true", help='print a list of {"tool", "arguments", "state", "turn"}')
+
     p = sub.add_parser("history", help="the model history derived from the log")
     _common(p)
     p.add_argument("--conversation", metavar="ID", help="default: the latest conversation")
@@ -103,16 +107,16 @@ def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from voice.agent.loop import AgentLoop, LoopSettings
-    from voice.agent.providers import ensure_reachable, make_provider
-    from voice.agent.tools import default_tools
+    from voice.agent.loop import AgentLoop
+    from voice.agent.providers import make_provider, open_provider
     from voice.chat import run_chat
     from voice.log.store import new_conversation_id
+    from voice.runtime import build_runtime, loop_settings, start
     from voice.surfaces.text import TextSurface
 
     config = _config(args)
     spec = args.llm or config["llm"]["provider"]
-    provider = make_provider(spec, config)
+    make_provider(spec, config)  # a bad --llm fails before anything else happens
     store = _store(args, config)
     if args.new:
         conversation = new_conversation_id()
@@ -120,18 +124,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
         conversation = args.conversation
     else:
         conversation = store.latest_conversation() or new_conversation_id()
-    llm = config["llm"]
-    settings = LoopSettings(
-        system_prompt=llm["system_prompt"], retries=llm["retries"],
-        retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"],
-    )
     surface = TextSurface(show_reasoning=config["chat"]["show_reasoning"])
+    runtime = build_runtime(config, store, announce=surface.notice)
 
     async def main() -> None:
-        await ensure_reachable(provider, spec)
-        agent = AgentLoop(store, provider, surface, conversation, default_tools(), settings)
+        provider = await open_provider(spec, config, notice=lambda text: print(f"[{text}]", flush=True))
         try:
-            await run_chat(agent)
+            await start(runtime)
+            agent = AgentLoop(store, provider, surface, conversation, runtime.tools, loop_settings(config), runtime.env)
+            await run_chat(agent, timers=runtime.timers)
         finally:
             with anyio.CancelScope(shield=True):
                 await provider.aclose()
@@ -207,7 +208,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_live(_config(args), _store(args, _config(args)), args.llm)
 
 
-COMMANDS = {"chat": cmd_chat, "replay": cmd_replay, "run": cmd_run, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
+def cmd_effects(args: argparse.Namespace) -> int:
+    from voice.agent.effects import effects
+
+    store = _store(args, _config(args))
+    found = effects(store)  # read-only: a dispatch with no receipt reads as unknown
+    if args.json:
+        print(json.dumps([e.to_json() for e in found], ensure_ascii=False, indent=2))
+    else:
+        for e in found:
+            outcome = f" ({e.outcome})" if e.state == "reconciled" else ""
+            print(f"turn {e.turn}: {e.tool}({json.dumps(e.arguments, ensure_ascii=False)}) {e.state}{outcome}")
+        if not found:
+            print("no writes have been dispatched")
+    return 0
+
+
+COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "run": cmd_run, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,18 +32,17 @@ def run_live(config: dict[str, Any], store: EventStore, llm_spec: str | None) ->
 
     import anyio
 
-    from voice.agent.loop import LoopSettings
-    from voice.agent.providers import ensure_reachable, make_provider
-    from voice.agent.tools import default_tools
+    from voice.agent.providers import make_provider, open_provider
     from voice.audio.live import AudioUnavailable, LiveDevice
     from voice.log.store import new_conversation_id
     from voice.speech.models import ModelMissing
     from voice.speech.session import VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
+    from voice.runtime import build_runtime, loop_settings, start
 
     spec = llm_spec or config["llm"]["provider"]
-    provider = make_provider(spec, config)
+    make_provider(spec, config)  # a bad --llm fails before the models load
     audio = config["audio"]
     try:
         device = LiveDevice(audio["input"] or None, audio["output"] or None)
@@ -56,17 +55,24 @@ def run_live(config: dict[str, Any], store: EventStore, llm_spec: str | None) ->
                     lambda: PiperEngine(device.out_rate, alignments=config["tts"]["alignments"]))
     except (ModelMissing, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    llm = config["llm"]
-    session = VoiceSession(
-        store=store, provider=provider, tools=default_tools(),
-        settings=LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
-                              retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"]),
-        conversation=store.latest_conversation() or new_conversation_id(),
-        device=device, stt=stt, tts=tts, vad=VadSettings(**config["vad"]),
-    )
+    session: VoiceSession | None = None
+
+    async def announce(text: str) -> None:
+        if session is not None:
+            await session.surface.notice(text)
+
+    runtime = build_runtime(config, store, announce)
 
     async def main() -> None:
-        await ensure_reachable(provider, spec)
+        nonlocal session
+        provider = await open_provider(spec, config, notice=lambda text: print(text, file=sys.stderr, flush=True))
+        await start(runtime)
+        session = VoiceSession(
+            store=store, provider=provider, tools=runtime.tools, settings=loop_settings(config),
+            conversation=store.latest_conversation() or new_conversation_id(),
+            device=device, stt=stt, tts=tts, vad=VadSettings(**config["vad"]),
+            tool_env=runtime.env, timers=runtime.timers,
+        )
         async with anyio.create_task_group() as tg:
 
             async def on_signal() -> None:

@@ -45,10 +45,9 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
 
     quiet_pipecat()
 
-    from voice.agent.loop import LoopSettings
-    from voice.agent.providers import make_provider
+    from voice.agent.providers import open_provider
     from voice.agent.providers.scripted import ScriptedProvider
-    from voice.agent.tools import default_tools
+    from voice.runtime import build_runtime, loop_settings
     from voice.audio.replay import ReplayDevice
     from voice.audio.scenario import load_scenario
     from voice.audio.wav import write_wav
@@ -65,8 +64,9 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     for name in ("events.db", "events.db-wal", "events.db-shm"):
         (out / name).unlink(missing_ok=True)
+    spec = scenario.llm or config["llm"]["provider"]
     provider = (ScriptedProvider(list(scenario.replies), name=scenario.path.name) if scenario.replies is not None
-                else make_provider(scenario.llm or config["llm"]["provider"], config))
+                else anyio.run(open_provider, spec, config))
     model = stt_model or scenario.stt_model or config["stt"]["model"]
     try:
         stt = _progress(f"speech recognition (whisper {model})", lambda: WhisperEngine(model, config["stt"]["threads"]))
@@ -74,19 +74,22 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
                         lambda: PiperEngine(RATE, alignments=config["tts"]["alignments"]))
     except (ModelMissing, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    tools = default_tools()
-    for t in scenario.tools:
-        tools.add(_scenario_tool(t))
     store = EventStore(out / "events.db")
-    llm = config["llm"]
     session: VoiceSession | None = None
+
+    async def announce(text: str) -> None:
+        if session is not None:
+            await session.surface.notice(text)
+
+    runtime = build_runtime(config, store, announce)
+    runtime.env.data_dir = out / "data"  # a replay's notes stay with its outputs
+    for t in scenario.tools:
+        runtime.tools.add(_scenario_tool(t))
     device = ReplayDevice(scenario, idle=lambda: session is not None and session.idle(), realtime=realtime)
     session = VoiceSession(
-        store=store, provider=provider, tools=tools,
-        settings=LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
-                              retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"]),
+        store=store, provider=provider, tools=runtime.tools, settings=loop_settings(config),
         conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
-        vad=VadSettings(**config["vad"]),
+        vad=VadSettings(**config["vad"]), tool_env=runtime.env, timers=runtime.timers,
     )
     started = time.perf_counter()
     if realtime:
@@ -109,7 +112,7 @@ def _scenario_tool(spec):
 
     from voice.agent.tools import Tool
 
-    async def run(args: dict[str, Any]) -> str:
+    async def run(args: dict[str, Any], ctx: Any) -> str:
         await anyio.sleep(spec.wait_s)
         return spec.result
 

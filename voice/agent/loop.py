@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pathlib import Path
+
 import anyio
 
+from voice.agent.effects import effects, reconcile_one
 from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
 from voice.agent.providers.base import (
     ModelRequest,
@@ -31,12 +34,15 @@ from voice.agent.providers.base import (
     ProviderError,
     ReasoningDelta,
     TextDelta,
+    ToolCallDelta,
 )
 from voice.agent.surface import Delivered, Surface, UnitRef
 from voice.agent.tools import ToolError, ToolRegistry
+from voice.agent.tools.base import Receipt, ToolContext, ToolOutcome
 from voice.log import events as ev
 from voice.log.projections import derive_messages, provider_messages
 from voice.log.store import EventStore
+from voice.paths import data_dir
 
 
 @dataclass
@@ -46,6 +52,20 @@ class LoopSettings:
     retry_backoff_s: float = 0.5
     max_steps: int = 8
     stop_bound_s: float = 2.0  # shielded clean-up after a cancel
+
+
+@dataclass
+class ToolEnv:
+    """What tools get to know and use, beyond their arguments."""
+
+    data_dir: Path = field(default_factory=data_dir)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    kill_after_s: float = 2.0
+    services: dict[str, Any] = field(default_factory=dict)
+
+    def context(self, conversation: str, turn: int, tool_call_id: str) -> ToolContext:
+        return ToolContext(conversation, turn, tool_call_id, self.data_dir, self.commands, self.kill_after_s,
+                           self.services)
 
 
 @dataclass
@@ -64,6 +84,7 @@ class _TurnState:
     # Committed messages whose delivery may still be under way (voice).
     playing: list[UnitRef] = field(default_factory=list)
     pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
+    held_text: str = ""  # streamed after a write call; waits for its receipt
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,7 @@ class AgentLoop:
         conversation: str,
         tools: ToolRegistry | None = None,
         settings: LoopSettings | None = None,
+        tool_env: ToolEnv | None = None,
     ):
         self.store = store
         self.provider = provider
@@ -101,6 +123,7 @@ class AgentLoop:
         self.conversation = conversation
         self.tools = tools or ToolRegistry()
         self.settings = settings or LoopSettings()
+        self.tool_env = tool_env or ToolEnv()
         self._scope: anyio.CancelScope | None = None
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
@@ -201,11 +224,15 @@ class AgentLoop:
             tools=self.tools.schemas(),
         )
         stream = self.provider.stream(request)
+        gate: int | None = None  # blocks from here on follow a write call: held back
         try:
             async for delta in stream:
                 assembler.feed(delta)
+                if gate is None and isinstance(delta, ToolCallDelta) and self.tools.is_write(delta.name):
+                    gate = len(assembler.blocks) - 1
                 if isinstance(delta, TextDelta):
-                    await self.surface.text(ref, delta.text)
+                    if gate is None:
+                        await self.surface.text(ref, delta.text)
                 elif isinstance(delta, ReasoningDelta):
                     await self.surface.reasoning(ref, delta.text)
         except ProviderError as exc:
@@ -225,6 +252,9 @@ class AgentLoop:
         await self.surface.close(ref)
         calls = assembler.tool_calls()
         record = self._stream_record(ref, assembler)
+        if gate is not None:  # the message holds what came before the write; the rest waits for receipts
+            state.held_text = "".join(b.text for b in assembler.blocks[gate:] if b.type == TEXT)
+            record["content"] = [b.to_json() for b in assembler.blocks[:gate] if b.type in (TEXT, REASONING) and b.text.strip()]
         if not record["content"] and not calls:
             self._append(ev.ASSISTANT_ATTEMPT, state, {**record, "reason": "empty"})
         else:
@@ -251,35 +281,112 @@ class AgentLoop:
         state.pending_calls = list(calls)
         for call in calls:
             self._append(ev.TOOL_CALL, state, {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments_json})
+        receipts: list[str] = []
         while state.pending_calls:
             call = state.pending_calls.pop(0)
-            await self._run_tool(state, call)
+            receipts.append(await self._run_tool(state, call))
+        await self._release_held(state, receipts)
 
-    async def _run_tool(self, state: _TurnState, call: ToolCall) -> None:
+    async def _run_tool(self, state: _TurnState, call: ToolCall) -> str:
+        """Run one call; returns its receipt state ("" for a read)."""
         base = {"tool_call_id": call.id, "name": call.name}
         tool = self.tools.get(call.name)
         if tool is None:
             self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"no tool named {call.name!r}"})
-            return
+            return ev.FAILED
         try:
             args = call.arguments()
         except ValueError as exc:
             self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": str(exc)})
-            return
-        self._append(ev.TOOL_DISPATCH, state, {**base, "effect": tool.effect})
+            return ev.FAILED if tool.effect == "write" else ""
+        ctx = self.tool_env.context(self.conversation, state.turn, call.id)
+        write = tool.effect == "write"
+        if write and await self._unresolved_repeat(state, call, args, ctx):
+            return ev.UNKNOWN
+        self._append(ev.TOOL_DISPATCH, state, {**base, "effect": tool.effect, "arguments": args})
         try:
             with anyio.fail_after(tool.timeout_s):
-                content = await tool.run(args)
-        except ToolError as exc:
+                out = await tool.run(args, ctx)
+        except ToolError as exc:  # refused before any effect
+            self._receipt(state, call, ev.FAILED, {"refused": str(exc)}, write)
             self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": str(exc)})
+            return ev.FAILED if write else ""
         except TimeoutError:
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"timed out after {tool.timeout_s} s"})
+            self._receipt(state, call, ev.UNKNOWN, {"timeout_s": tool.timeout_s}, write)
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"timed out after {tool.timeout_s} s",
+                                                 "receipt": ev.UNKNOWN if write else None})
+            return ev.UNKNOWN if write else ""
+        except Exception as exc:  # a tool bug must not end the conversation; the model sees the error
+            self._receipt(state, call, ev.UNKNOWN, {"error": repr(exc)}, write)
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"the tool failed: {exc}",
+                                                 "receipt": ev.UNKNOWN if write else None})
+            return ev.UNKNOWN if write else ""
         except anyio.get_cancelled_exc_class():
-            # A started call produces its real result: it was cancelled.
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "cancelled", "error": "the turn was stopped"})
+            # Started calls produce their real result: stopped, and for a
+            # write, an effect of unknown outcome.
+            self._receipt(state, call, ev.UNKNOWN, {"cancelled": "stopped between dispatch and receipt"}, write)
+            self._append(ev.TOOL_RESULT, state, {**base, "status": "cancelled", "error": "the turn was stopped",
+                                                 "receipt": ev.UNKNOWN if write else None})
             raise
+        outcome = out if isinstance(out, ToolOutcome) else ToolOutcome(out)
+        receipt = outcome.receipt
+        if write and receipt is None:
+            receipt = Receipt(ev.UNKNOWN, {"reason": "the tool returned no receipt"})
+        if write:
+            self._receipt(state, call, receipt.state, receipt.evidence, True)
+        self._append(ev.TOOL_RESULT, state, {**base, "status": "ok", "content": outcome.content,
+                                             "receipt": receipt.state if receipt else None, "phrase": outcome.phrase})
+        return receipt.state if receipt else ""
+
+    def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
+        if write:
+            self._append(ev.EFFECT_RECEIPT, state, {"tool_call_id": call.id, "name": call.name, "phase": "dispatch",
+                                                    "state": outcome, "evidence": evidence})
+
+    async def _unresolved_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any], ctx: ToolContext) -> bool:
+        """I9: a write identical to one whose outcome is still unknown is not
+        run again. reconcile() may resolve the earlier one first."""
+        for effect in effects(self.store, self.conversation):
+            if effect.tool == call.name and effect.arguments == args and effect.state == ev.UNKNOWN:
+                tool = self.tools.get(call.name)
+                if tool is not None and tool.reconcile is not None:
+                    effect = await reconcile_one(self.store, effect, tool, ctx)
+                if effect.state == ev.UNKNOWN:
+                    self._append(ev.TOOL_RESULT, state, {
+                        "tool_call_id": call.id, "name": call.name, "status": ev.BLOCKED,
+                        "error": f"an earlier {call.name} with these arguments (turn {effect.turn}) has an unknown "
+                                 "outcome; it was not repeated. Tell the person it may or may not have happened.",
+                        "blocked_by": effect.tool_call_id})
+                    return True
+        return False
+
+    async def _release_held(self, state: _TurnState, receipts: list[str]) -> None:
+        """Text the model streamed after a write call plays only once every
+        write of the step is confirmed; otherwise an honest phrase replaces it."""
+        held, state.held_text = state.held_text, ""
+        writes = [r for r in receipts if r]
+        if not held.strip() and not writes:
+            return
+        ref = UnitRef(self.conversation, state.turn, state.step, state.attempt, part=1)
+        if writes and all(r == ev.CONFIRMED for r in writes):
+            text, origin = held, "completion"
         else:
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "ok", "content": content})
+            if held.strip():
+                self._append(ev.ASSISTANT_ATTEMPT, state, {"message_id": ref.message_id, "reason": "withheld",
+                                                            "content": [{"type": "text", "text": held}],
+                                                            "receipts": writes})
+            if not writes or not held.strip():
+                return  # nothing was claimed, so nothing needs correcting
+            text = ("I couldn't confirm that it worked." if ev.UNKNOWN in writes
+                    else "That didn't work.")
+            origin = "receipt"
+        self.surface.open(ref)
+        await self.surface.text(ref, text)
+        await self.surface.close(ref)
+        self._append(ev.ASSISTANT_MESSAGE, state, {"message_id": ref.message_id,
+                                                   "content": [{"type": "text", "text": text}],
+                                                   "origin": origin, "receipts": writes})
+        state.playing.append(ref)
 
     # -- delivery ----------------------------------------------------------
 

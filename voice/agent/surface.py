@@ -21,10 +21,12 @@ class UnitRef:
     turn: int
     step: int
     attempt: int
+    part: int = 0  # 1: text held back until a write's receipt confirmed it
 
     @property
     def message_id(self) -> str:
-        return f"{self.turn}.{self.step}.{self.attempt}"
+        base = f"{self.turn}.{self.step}.{self.attempt}"
+        return f"{base}.{self.part}" if self.part else base
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ EFFECT_RECEIPT: Final = "effect/receipt"
 SPEECH_PLAYED: Final = "speech/played"
 LATE_OUTPUT: Final = "late/output"
 CONVERSATION_FORK: Final = "conversation/fork"
+TIMER_SET: Final = "timer/set"
+TIMER_CANCEL: Final = "timer/cancel"
+TIMER_FIRED: Final = "timer/fired"
+RECOVERY: Final = "runtime/recovery"
 TURN_END: Final = "turn/end"
 
 EVENT_TYPES: Final = frozenset(
@@ -33,7 +37,7 @@ EVENT_TYPES: Final = frozenset(
         TURN_START, USER_MESSAGE, STEP_START, STEP_END, ASSISTANT_STREAM,
         ASSISTANT_MESSAGE, ASSISTANT_ATTEMPT, REQUEST_ERROR, TOOL_CALL,
         TOOL_DISPATCH, TOOL_RESULT, EFFECT_RECEIPT, SPEECH_PLAYED, LATE_OUTPUT,
-        CONVERSATION_FORK, TURN_END,
+        CONVERSATION_FORK, TURN_END, TIMER_SET, TIMER_CANCEL, TIMER_FIRED, RECOVERY,
     }
 )
 
@@ -48,6 +52,13 @@ TURN_OUTCOMES: Final = frozenset({COMPLETED, ABORTED, INTERRUPTED, ERROR})
 
 # tool/result statuses
 ABORTED_BEFORE_DISPATCH: Final = "ABORTED_BEFORE_DISPATCH"
+BLOCKED: Final = "blocked"  # would repeat a write whose outcome is unknown
+
+# effect/receipt: `state` confirmed | failed | unknown; `phase` "dispatch" (the
+# call's own outcome) or "reconciled" (looked up later). One of each per call.
+CONFIRMED: Final = "confirmed"
+FAILED: Final = "failed"
+UNKNOWN: Final = "unknown"
 
 
 @dataclass(frozen=True)

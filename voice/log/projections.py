@@ -102,7 +102,9 @@ def tool_result_text(payload: dict[str, Any]) -> str:
     status = payload.get("status")
     if status == "ok":
         content = payload.get("content")
-        return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        receipt = payload.get("receipt")  # writes: what is known of the effect
+        return f"{receipt}: {text}" if receipt else text
     return f"{status}: {payload.get('error') or payload.get('content') or ''}".strip()
 
 

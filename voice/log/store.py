@@ -21,7 +21,7 @@ from typing import Any
 
 from voice.log.events import EVENT_TYPES, TURN_END, TURN_START, Event, encode_payload
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry upgrades a database from version N-1 to N. Version 0 is the
 # first layout (events table only); every later step must keep old rows valid.
@@ -34,6 +34,14 @@ _MIGRATIONS: dict[int, str] = {
         BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
     CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
         BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
+    """,
+    # One terminal state per tool call: one result, one receipt per phase.
+    2: """
+    CREATE UNIQUE INDEX IF NOT EXISTS one_tool_result
+        ON events(conversation, json_extract(payload, '$.tool_call_id')) WHERE type = 'tool/result';
+    CREATE UNIQUE INDEX IF NOT EXISTS one_receipt_per_phase
+        ON events(conversation, json_extract(payload, '$.tool_call_id'), json_extract(payload, '$.phase'))
+        WHERE type = 'effect/receipt';
     """,
 }
 
@@ -52,7 +60,12 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class DuplicateTurnEnd(Exception):
+class DuplicateTerminal(Exception):
+    """A second terminal event (tool result, receipt) for one tool call was
+    refused by the database."""
+
+
+class DuplicateTurnEnd(DuplicateTerminal):
     """A second `turn/end` for the same turn was refused by the database."""
 
 
@@ -119,7 +132,7 @@ class EventStore:
         except sqlite3.IntegrityError as exc:
             if type == TURN_END:
                 raise DuplicateTurnEnd(f"turn {turn} of {conversation} already ended") from exc
-            raise
+            raise DuplicateTerminal(f"{type} for {payload.get('tool_call_id')} of {conversation} already recorded") from exc
         return Event(cur.lastrowid, conversation, turn, step, attempt, type, payload, at_mono, at_wall)
 
     def start_turn(self, conversation: str, payload: dict[str, Any]) -> int:

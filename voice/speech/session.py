@@ -23,7 +23,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from voice.agent.loop import AgentLoop, LoopSettings
+from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
 from voice.agent.providers.base import Provider
 from voice.agent.surface import UnitRef
 from voice.agent.tools import ToolRegistry
@@ -75,6 +75,8 @@ class VoiceSession:
     stt: SttEngine
     tts: TtsEngine
     vad: VadSettings = field(default_factory=VadSettings)
+    tool_env: ToolEnv | None = None
+    timers: Any = None  # a TimerService, announced through this session's voice
     say: Callable[[str], None] = lambda line: print(line, flush=True)
     turns: list[TurnInfo] = field(default_factory=list)
     agent: AgentLoop = field(init=False)
@@ -92,7 +94,8 @@ class VoiceSession:
                                     output_latency=self.device.output_latency, on_late=self.late)
         self.speak = SpeakProcessor(self.tts, self.surface, self)
         self.play = PlayProcessor(self.surface)
-        self.agent = AgentLoop(self.store, self.provider, self.surface, self.conversation, self.tools, self.settings)
+        self.agent = AgentLoop(self.store, self.provider, self.surface, self.conversation, self.tools, self.settings,
+                               self.tool_env)
         self._send, self._receive = anyio.create_memory_object_stream[UserTextFrame](16)
         self._waiting = 0  # utterances recognised but whose turn has not ended
 
@@ -122,6 +125,8 @@ class VoiceSession:
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_pipeline)
             tg.start_soon(self._run_turns)
+            if self.timers is not None:
+                tg.start_soon(self.timers.run)
             try:
                 await self.device.run(on_mic)
             finally:

@@ -35,16 +35,26 @@ def make_provider(spec: str, config: dict[str, Any]) -> Provider:
     )
 
 
-async def ensure_reachable(provider: Provider, spec: str) -> None:
-    """Fail fast, with the fix, when a server-backed provider cannot be reached."""
+async def open_provider(spec: str, config: dict[str, Any], notice=lambda text: None) -> Provider:
+    """The provider for `spec`, checked: a server that cannot be reached is a
+    UsageError naming the fix, except for "auto", which then falls back to
+    the built-in skills provider (and says so through `notice`)."""
+    provider = make_provider(spec, config)
     check = getattr(provider, "check_reachable", None)
     if check is None:
-        return
+        return provider
     try:
         await check()
     except ProviderError as exc:
-        hint = "" if spec != "auto" else " (no offline provider yet: pass --llm scripted:FILE)"
-        raise UsageError(f"{exc}{hint}") from None
+        await provider.aclose()
+        if spec == "auto":
+            from voice.agent.providers.skills import SkillsProvider
+
+            notice(f"no language model answers at {config['llm']['base_url']}; using the built-in skills "
+                   "(timers, notes, time, commands)")
+            return SkillsProvider()
+        raise UsageError(str(exc)) from None
+    return provider
 
 
-__all__ = ["Provider", "ProviderError", "make_provider", "ensure_reachable"]
+__all__ = ["Provider", "ProviderError", "make_provider", "open_provider"]

@@ -1,11 +1,20 @@
 """Tools the agent can call. Each declares its effect (read or write) and a
-timeout; `ToolRegistry` turns them into the provider's tool schemas."""
+timeout; writes return receipts. `default_tools()` is the built-in set."""
 
-from voice.agent.tools.base import Tool, ToolError, ToolRegistry
+from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome, ToolRegistry
 from voice.agent.tools.clock import get_time_tool
 
-__all__ = ["Tool", "ToolError", "ToolRegistry", "get_time_tool", "default_tools"]
+__all__ = ["Receipt", "Tool", "ToolContext", "ToolError", "ToolOutcome", "ToolRegistry", "get_time_tool",
+           "default_tools"]
 
 
-def default_tools() -> ToolRegistry:
-    return ToolRegistry([get_time_tool()])
+def default_tools(commands: bool = True) -> ToolRegistry:
+    from voice.agent.tools.notes import notes_tools
+    from voice.agent.tools.timers import timer_tools
+
+    tools = [get_time_tool(), *timer_tools(), *notes_tools()]
+    if commands:
+        from voice.agent.tools.commands import run_command_tool
+
+        tools.append(run_command_tool())
+    return ToolRegistry(tools)

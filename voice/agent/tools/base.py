@@ -1,5 +1,10 @@
 """What a tool is, and the registry the agent loop consults.
 
+A tool declares its effect: a `read` changes nothing; a `write` changes the
+world and must return a `Receipt` saying whether the change is confirmed,
+failed or unknown, with evidence. A write may offer `reconcile()`: look at
+the world and say whether an unknown write happened.
+
 A tool's `run` is cancelled like any other wait of the turn: it must not
 shield itself. Bad arguments raise `ToolError`, which becomes a tool result
 the model can see (status "error"), never a crash.
@@ -9,13 +14,41 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 Effect = Literal["read", "write"]
+ReceiptState = Literal["confirmed", "failed", "unknown"]
 
 
 class ToolError(Exception):
     """The call cannot be carried out as asked (bad arguments, unknown name)."""
+
+
+@dataclass(frozen=True)
+class Receipt:
+    state: ReceiptState
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    content: Any  # what the model sees (JSON-serialisable)
+    receipt: Receipt | None = None  # every write returns one
+    phrase: str | None = None  # the tool's own confirmation, spoken only once confirmed
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool may know about its call."""
+
+    conversation: str
+    turn: int
+    tool_call_id: str
+    data_dir: Path
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    kill_after_s: float = 2.0  # SIGTERM -> SIGKILL bound for external processes
+    services: dict[str, Any] = field(default_factory=dict)  # e.g. "timers": the timer service
 
 
 @dataclass(frozen=True)
@@ -24,8 +57,10 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     effect: Effect
-    run: Callable[[dict[str, Any]], Awaitable[Any]]
+    run: Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutcome | Any]]
     timeout_s: float = 10.0
+    # (arguments, the dispatch's payload) -> a receipt; for unknown writes
+    reconcile: Callable[[dict[str, Any], dict[str, Any], ToolContext], Awaitable[Receipt]] | None = None
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -53,3 +88,7 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._by_name)
+
+    def is_write(self, name: str | None) -> bool:
+        tool = self._by_name.get(name or "")
+        return tool is not None and tool.effect == "write"

@@ -8,7 +8,7 @@ from typing import Any
 from voice.agent.tools.base import Tool
 
 
-async def _get_time(args: dict[str, Any]) -> dict[str, Any]:
+async def _get_time(args: dict[str, Any], ctx: object = None) -> dict[str, Any]:
     now = dt.datetime.now().astimezone()
     return {"iso": now.isoformat(timespec="seconds"), "spoken": now.strftime("%-I:%M %p on %A, %B %-d")}
 

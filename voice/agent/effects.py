@@ -1,0 +1,77 @@
+"""Dispatched writes and what is known of them, derived from the log.
+
+An effect's state is its dispatch receipt (confirmed / failed / unknown), or
+"reconciled" once `reconcile()` found out what an unknown write did (then
+`outcome` says which). A write with no receipt at all (the process died in
+between) is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from voice.agent.tools.base import Tool, ToolContext
+from voice.log import events as ev
+from voice.log.store import EventStore
+
+
+@dataclass(frozen=True)
+class Effect:
+    conversation: str
+    turn: int
+    step: int | None
+    attempt: int | None
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    dispatch: dict[str, Any]
+    state: str  # confirmed | failed | unknown | reconciled
+    outcome: str  # confirmed | failed | unknown: what is known of the effect now
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tool": self.tool, "arguments": self.arguments, "state": self.state, "turn": self.turn,
+                "outcome": self.outcome, "conversation": self.conversation, "tool_call_id": self.tool_call_id,
+                "evidence": self.evidence}
+
+
+def effects(store: EventStore, conversation: str | None = None) -> list[Effect]:
+    events = store.events(conversation, types={ev.TOOL_DISPATCH, ev.EFFECT_RECEIPT})
+    receipts: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for e in events:
+        if e.type == ev.EFFECT_RECEIPT:
+            receipts[(e.conversation, e.payload["tool_call_id"], e.payload.get("phase", "dispatch"))] = e.payload
+    out = []
+    for e in events:
+        if e.type != ev.TOOL_DISPATCH or e.payload.get("effect") != "write":
+            continue
+        key = (e.conversation, e.payload["tool_call_id"])
+        dispatch = receipts.get((*key, "dispatch"))
+        reconciled = receipts.get((*key, "reconciled"))
+        if reconciled is not None:
+            state, outcome, evidence = "reconciled", reconciled["state"], reconciled.get("evidence", {})
+        elif dispatch is not None:
+            state = outcome = dispatch["state"]
+            evidence = dispatch.get("evidence", {})
+        else:
+            state = outcome = ev.UNKNOWN
+            evidence = {"reason": "no receipt was recorded"}
+        out.append(Effect(e.conversation, e.turn, e.step, e.attempt, e.payload["tool_call_id"], e.payload["name"],
+                          e.payload.get("arguments", {}), e.payload, state, outcome, evidence))
+    return out
+
+
+async def reconcile_one(store: EventStore, effect: Effect, tool: Tool, ctx: ToolContext) -> Effect:
+    """Ask the tool what became of an unknown write; record what it finds.
+    Never re-executes the write."""
+    if tool.reconcile is None or effect.outcome != ev.UNKNOWN:
+        return effect
+    receipt = await tool.reconcile(effect.arguments, effect.dispatch, ctx)
+    if receipt.state == ev.UNKNOWN:
+        return effect
+    store.append(effect.conversation, ev.EFFECT_RECEIPT,
+                 {"tool_call_id": effect.tool_call_id, "name": effect.tool, "phase": "reconciled",
+                  "state": receipt.state, "evidence": receipt.evidence},
+                 turn=effect.turn, step=effect.step, attempt=effect.attempt)
+    return replace(effect, state="reconciled", outcome=receipt.state, evidence=receipt.evidence)

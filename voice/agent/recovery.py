@@ -1,0 +1,108 @@
+"""Start-up recovery (I10): make the log consistent after a crash or kill -9.
+
+For every turn without a `turn/end`, in order: a stream that was open gets
+an `assistant/attempt` (its text was never committed) and its end frame;
+dispatched calls without a result get one (`cancelled`) and, for writes, an
+`unknown` receipt; committed calls never dispatched get
+ABORTED_BEFORE_DISPATCH; an open step gets `step/end`; the turn ends
+`interrupted`. Nothing is re-executed. Then unknown writes are reconciled
+where their tool can look. Turns the person stopped (`aborted`) already
+ended and stay stopped: recovery starts no step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from voice.agent.effects import effects, reconcile_one
+from voice.agent.tools import ToolRegistry
+from voice.log import events as ev
+from voice.log.store import EventStore
+
+
+@dataclass
+class RecoveryReport:
+    closed_turns: list[tuple[str, int]] = field(default_factory=list)
+    unknown_writes: int = 0
+    reconciled: int = 0
+
+    def summary(self) -> str:
+        return (f"closed {len(self.closed_turns)} unfinished turn(s) as interrupted; "
+                f"{self.unknown_writes} write(s) of unknown outcome, {self.reconciled} reconciled")
+
+
+def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
+    closed = []
+    for conversation, turn in store.open_turns():
+        events = store.events(conversation, turn=turn)
+        last = {}
+        for e in events:
+            if e.step is not None:
+                last["step"], last["attempt"] = e.step, e.attempt
+
+        def add(type_: str, payload: dict, step=None, attempt=None) -> None:
+            store.append(conversation, type_, payload, turn=turn, step=step, attempt=attempt)
+
+        open_streams = {}
+        for e in events:
+            key = (e.step, e.attempt)
+            if e.type == ev.ASSISTANT_STREAM:
+                if e.payload.get("frame") == "start":
+                    open_streams[key] = True
+                else:
+                    open_streams.pop(key, None)
+            elif e.type in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT) and key in open_streams:
+                open_streams[key] = False  # committed, only the end frame is missing
+        for (step, attempt), uncommitted in open_streams.items():
+            if uncommitted:
+                add(ev.ASSISTANT_ATTEMPT, {"message_id": f"{turn}.{step}.{attempt}", "reason": "crashed",
+                                           "content": [], "stream": []}, step, attempt)
+            add(ev.ASSISTANT_STREAM, {"frame": "end", "aborted": True, "reason": "crashed"}, step, attempt)
+
+        results = {e.payload["tool_call_id"] for e in events if e.type == ev.TOOL_RESULT}
+        dispatched = {e.payload["tool_call_id"]: e for e in events if e.type == ev.TOOL_DISPATCH}
+        receipts = {e.payload["tool_call_id"] for e in events if e.type == ev.EFFECT_RECEIPT}
+        for e in events:
+            if e.type != ev.TOOL_CALL or e.payload["tool_call_id"] in results:
+                continue
+            call_id, name = e.payload["tool_call_id"], e.payload["name"]
+            d = dispatched.get(call_id)
+            if d is None:
+                add(ev.TOOL_RESULT, {"tool_call_id": call_id, "name": name, "status": ev.ABORTED_BEFORE_DISPATCH,
+                                     "error": "the assistant stopped before this call ran"}, e.step, e.attempt)
+                continue
+            write = d.payload.get("effect") == "write"
+            if write and call_id not in receipts:
+                add(ev.EFFECT_RECEIPT, {"tool_call_id": call_id, "name": name, "phase": "dispatch",
+                                        "state": ev.UNKNOWN,
+                                        "evidence": {"crashed": "the process stopped between dispatch and receipt"}},
+                    e.step, e.attempt)
+            add(ev.TOOL_RESULT, {"tool_call_id": call_id, "name": name, "status": "cancelled",
+                                 "error": "the assistant stopped before this call finished",
+                                 "receipt": ev.UNKNOWN if write else None}, e.step, e.attempt)
+        starts = sum(1 for e in events if e.type == ev.STEP_START)
+        ends = sum(1 for e in events if e.type == ev.STEP_END)
+        if starts > ends:
+            add(ev.STEP_END, {"outcome": ev.INTERRUPTED}, last.get("step"), last.get("attempt"))
+        if store.end_turn(conversation, turn, ev.INTERRUPTED, reason="restart"):
+            closed.append((conversation, turn))
+    return closed
+
+
+async def recover(store: EventStore, tools: ToolRegistry, tool_env) -> RecoveryReport:
+    report = RecoveryReport(closed_turns=close_open_turns(store))
+    for effect in effects(store):
+        if effect.outcome != ev.UNKNOWN:
+            continue
+        report.unknown_writes += 1
+        tool = tools.get(effect.tool)
+        if tool is not None and tool.reconcile is not None:
+            ctx = tool_env.context(effect.conversation, effect.turn, effect.tool_call_id)
+            if (await reconcile_one(store, effect, tool, ctx)).state == "reconciled":
+                report.reconciled += 1
+    if report.closed_turns or report.unknown_writes:
+        conversation = report.closed_turns[0][0] if report.closed_turns else (store.latest_conversation() or "")
+        store.append(conversation, ev.RECOVERY, {"closed_turns": [t for _, t in report.closed_turns],
+                                                 "unknown_writes": report.unknown_writes,
+                                                 "reconciled": report.reconciled})
+    return report

@@ -1,0 +1,176 @@
+"""Timers that live in the log: set_timer / cancel_timer / list_timers, and
+the service that announces them when due.
+
+A timer is a `timer/set` event (wall-clock due time, so it survives a
+restart), ended by `timer/cancel` or `timer/fired`. The service sleeps until
+the next due time (cancellably) and announces through the surface. A timer
+that came due while the assistant was not running is announced once, as
+late. A timer cancelled before it fires never speaks: its wake-up is late
+output and is only logged.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome
+from voice.log import events as ev
+from voice.log.store import EventStore
+
+MAX_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Timer:
+    timer_id: str
+    label: str
+    seconds: int
+    due_wall: float
+    conversation: str
+    tool_call_id: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.label} timer" if self.label else f"{spoken_duration(self.seconds)} timer"
+
+
+def spoken_duration(seconds: int) -> str:
+    parts = []
+    for unit, size in (("hour", 3600), ("minute", 60), ("second", 1)):
+        n, seconds = divmod(seconds, size)
+        if n:
+            parts.append(f"{n} {unit}{'s' if n != 1 else ''}")
+    return " and ".join(parts) or "0 seconds"
+
+
+class TimerService:
+    def __init__(self, store: EventStore, announce: Callable[[str], Awaitable[None]], clock=time.time):
+        self.store = store
+        self.announce = announce
+        self.clock = clock
+        self._wake = anyio.Event()
+
+    def active(self) -> list[Timer]:
+        timers: dict[str, Timer] = {}
+        for e in self.store.events(types={ev.TIMER_SET, ev.TIMER_CANCEL, ev.TIMER_FIRED}):
+            p = e.payload
+            if e.type == ev.TIMER_SET:
+                timers[p["timer_id"]] = Timer(p["timer_id"], p.get("label", ""), p["seconds"], p["due_wall"],
+                                              e.conversation, p.get("tool_call_id"))
+            else:
+                timers.pop(p["timer_id"], None)
+        return sorted(timers.values(), key=lambda t: t.due_wall)
+
+    def set(self, seconds: int, label: str, conversation: str, turn: int | None, tool_call_id: str | None) -> tuple[Timer, int]:
+        timer = Timer("t-" + uuid.uuid4().hex[:8], label, seconds, self.clock() + seconds, conversation, tool_call_id)
+        event = self.store.append(conversation, ev.TIMER_SET, {
+            "timer_id": timer.timer_id, "label": label, "seconds": seconds, "due_wall": timer.due_wall,
+            "tool_call_id": tool_call_id}, turn=turn)
+        self._poke()
+        return timer, event.seq
+
+    def cancel(self, label: str, conversation: str, turn: int | None) -> Timer | None:
+        matching = [t for t in self.active() if not label or t.label.lower() == label.lower()]
+        if not matching:
+            return None
+        timer = matching[-1]  # the most recently due of the matching ones
+        self.store.append(conversation, ev.TIMER_CANCEL, {"timer_id": timer.timer_id}, turn=turn)
+        self._poke()
+        return timer
+
+    def _poke(self) -> None:
+        self._wake.set()
+        self._wake = anyio.Event()
+
+    async def run(self) -> None:
+        """Announce timers as they come due, until cancelled. Timers already
+        overdue at start came due while the assistant was down: late."""
+        for timer in self.active():
+            if timer.due_wall <= self.clock():
+                await self._fire(timer, late=True)
+        while True:
+            timers = self.active()
+            wake = self._wake
+            if not timers:
+                await wake.wait()
+                continue
+            timer = timers[0]
+            with anyio.move_on_after(max(0.0, timer.due_wall - self.clock())):
+                await wake.wait()
+                continue
+            await self._fire(timer, late=False)
+
+    async def _fire(self, timer: Timer, late: bool) -> None:
+        if timer.timer_id not in {t.timer_id for t in self.active()}:  # cancelled meanwhile: no authority
+            self.store.append(timer.conversation, ev.LATE_OUTPUT, {"kind": "timer", "timer_id": timer.timer_id})
+            return
+        self.store.append(timer.conversation, ev.TIMER_FIRED, {"timer_id": timer.timer_id, "late": late,
+                                                               "at_wall": self.clock()})
+        if late:
+            ago = max(0, round(self.clock() - timer.due_wall))
+            await self.announce(f"Your {timer.describe()} went off {spoken_duration(ago)} ago, while I was not running.")
+        else:
+            await self.announce(f"Your {timer.describe()} is done.")
+
+
+def _service(ctx: ToolContext) -> TimerService:
+    service = ctx.services.get("timers")
+    if service is None:
+        raise ToolError("timers are not available here")
+    return service
+
+
+async def _set_timer(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
+    seconds = args.get("seconds")
+    if isinstance(seconds, float) and seconds.is_integer():
+        seconds = int(seconds)
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or not 1 <= seconds <= MAX_SECONDS:
+        raise ToolError(f"set_timer needs {{\"seconds\": a whole number from 1 to {MAX_SECONDS}}}")
+    label = str(args.get("label") or "").strip()
+    timer, seq = _service(ctx).set(seconds, label, ctx.conversation, ctx.turn, ctx.tool_call_id)
+    return ToolOutcome({"timer_id": timer.timer_id, "seconds": seconds, "label": label},
+                       Receipt("confirmed", {"timer_id": timer.timer_id, "due_wall": timer.due_wall, "seq": seq}),
+                       phrase=f"Done, your {timer.describe()} is set.")
+
+
+async def _reconcile_set(args: dict[str, Any], dispatch: dict[str, Any], ctx: ToolContext) -> Receipt:
+    service = _service(ctx)
+    for e in service.store.events(types={ev.TIMER_SET}):
+        if e.payload.get("tool_call_id") == dispatch.get("tool_call_id") and e.conversation == ctx.conversation:
+            return Receipt("confirmed", {"timer_id": e.payload["timer_id"], "seq": e.seq})
+    return Receipt("failed", {"reason": "no timer/set event for this call"})
+
+
+async def _cancel_timer(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
+    label = str(args.get("label") or "").strip()
+    timer = _service(ctx).cancel(label, ctx.conversation, ctx.turn)
+    if timer is None:
+        return ToolOutcome({"cancelled": False, "reason": "no such timer is running"},
+                           Receipt("failed", {"reason": "no active timer" + (f" named {label}" if label else "")}))
+    return ToolOutcome({"cancelled": True, "timer_id": timer.timer_id}, Receipt("confirmed", {"timer_id": timer.timer_id}),
+                       phrase="Done, the timer is cancelled.")
+
+
+async def _list_timers(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    service = _service(ctx)
+    now = service.clock()
+    return {"timers": [{"label": t.label, "seconds": t.seconds, "remaining_s": max(0, round(t.due_wall - now)),
+                        "spoken": t.describe()} for t in service.active()]}
+
+
+def timer_tools() -> list[Tool]:
+    return [
+        Tool("set_timer", "Set a timer that announces itself when it is done.",
+             {"type": "object", "properties": {"seconds": {"type": "integer", "minimum": 1},
+                                               "label": {"type": "string"}}, "required": ["seconds"]},
+             "write", _set_timer, timeout_s=5.0, reconcile=_reconcile_set),
+        Tool("cancel_timer", "Cancel a running timer (the latest, or the one with this label).",
+             {"type": "object", "properties": {"label": {"type": "string"}}}, "write", _cancel_timer, timeout_s=5.0),
+        Tool("list_timers", "List the running timers.", {"type": "object", "properties": {}}, "read",
+             _list_timers, timeout_s=5.0),
+    ]
