@@ -274,6 +274,46 @@ async def test_a_detached_setsid_grandchild_of_an_exited_parent_is_killed(tmp_pa
     report("detached setsid grandchild (intermediate exited)", elapsed)
 
 
+def processes_with(token: str) -> list[int]:
+    """Live processes whose command line mentions `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if token.encode() in cmdline and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0005, 0.002, 0.01])
+async def test_a_cancel_while_spawning_leaves_nothing_behind(tmp_path: Path, delay: float) -> None:
+    token = f"spawn-window-{os.getpid()}-{delay}"
+    argv = ["sh", "-c", f'trap "" TERM; sleep 300 & sleep 300; : {token}']
+    outcome: dict[str, object] = {}
+
+    async def runner() -> None:
+        try:
+            outcome["result"] = await run_process(argv, kill_after_s=KILL_AFTER)
+        except anyio.get_cancelled_exc_class():
+            outcome["cancelled"] = True
+            raise
+
+    with anyio.fail_after(TEST_LIMIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            await anyio.sleep(delay)
+            cancelled_at = time.monotonic()
+            tg.cancel_scope.cancel()
+    elapsed = time.monotonic() - cancelled_at
+    assert outcome == {"cancelled": True}
+    assert elapsed < BOUND
+    assert processes_with(token) == []
+    report(f"cancel {delay * 1000:g} ms after the start", elapsed)
+
+
 async def test_a_blocked_stdin_write_is_cancelled_within_the_bound(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     payload = b"x" * (1024 * 1024)  # far more than a pipe holds; the child never reads it
@@ -290,6 +330,17 @@ async def test_a_blocked_stdin_write_is_cancelled_within_the_bound(tmp_path: Pat
     assert pid is not None and reaped(pid)
     assert elapsed < BOUND
     report("blocked stdin write", elapsed)
+
+
+async def test_a_cancel_after_stdin_was_fully_written_is_clean(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pidfile = tmp_path / "pid"
+    argv = ["sh", "-c", f"cat > /dev/null; echo $$ > {pidfile}; exec sleep 300"]
+    elapsed = await run_then_cancel(argv, lambda: read_pid(pidfile) is not None, stdin=b"some input\n")
+    await anyio.sleep(0.05)  # let the loop run any callbacks the clean-up scheduled
+    pid = read_pid(pidfile)
+    assert pid is not None and reaped(pid)
+    assert elapsed < BOUND
+    assert [r for r in caplog.records if r.name == "asyncio"] == []
 
 
 # ---------------------------------------------------------------- timeout

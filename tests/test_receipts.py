@@ -249,7 +249,7 @@ async def test_a_timer_announces_itself_when_due(store, tmp_path):
             while not said:
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
-    assert said == ["Your 1 second timer is done."]
+    assert said == ["Your one second timer is done."]
     assert "Done, your timer is set." in out.getvalue()
     assert timers.active() == []
 
@@ -288,7 +288,7 @@ async def test_a_timer_due_while_down_is_announced_once_as_late(store):
             tg.start_soon(restarted.run)
             await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
-    assert said == ["Your 1 minute timer went off 9 minutes ago, while I was not running."]
+    assert said == ["Your one minute timer went off nine minutes ago, while I was not running."]
     (fired,) = [e for e in store.events() if e.type == ev.TIMER_FIRED]
     assert fired.payload["late"] is True
 

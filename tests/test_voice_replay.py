@@ -250,3 +250,25 @@ def test_cut_during_a_tool_call(replays):
 def test_replay_runs_faster_than_real_time(replays):
     device = summary(replays("cut_after_stream"))["device"]
     assert device["speedup"] > 1.0, device
+
+
+# -- I8 on the speech surface ------------------------------------------------------
+
+
+def test_completion_phrases_play_only_after_confirmed_receipts(replays):
+    out = replays("receipts")
+    heard = " ".join(words(whisper().transcribe(read_mono16k(out / "played.wav").astype(np.float32) / 32768).text))
+    assert "timer is set" in heard  # confirmed: its completion text played
+    assert "timer is done" in heard  # and the timer announced itself, by voice
+    assert "couldn't confirm" in heard or "could not confirm" in heard  # unknown: the honest phrase
+    assert "cloud" not in heard and "saved" not in heard  # the unconfirmed claim never played
+    store = EventStore(out / "events.db")
+    try:
+        withheld = [e for e in store.events() if e.type == ev.ASSISTANT_ATTEMPT and e.payload.get("reason") == "withheld"]
+        receipts = [e.payload["state"] for e in store.events() if e.type == ev.EFFECT_RECEIPT]
+        history = derive_messages(store, store.latest_conversation())
+    finally:
+        store.close()
+    assert receipts == ["confirmed", "unknown"]
+    assert len(withheld) == 1 and "cloud" in withheld[0].payload["content"][0]["text"]
+    assert "cloud" not in json.dumps(history)

@@ -45,7 +45,7 @@ def build_runtime(config: dict[str, Any], store: EventStore, announce) -> Runtim
     timers = TimerService(store, announce)
     env = ToolEnv(data_dir=data_dir(), commands=commands, kill_after_s=config["tools"]["kill_after_s"],
                   services={"timers": timers})
-    return Runtime(store, default_tools(commands=bool(commands)), env, timers)
+    return Runtime(store, default_tools(commands), env, timers)
 
 
 async def start(runtime: Runtime) -> None:

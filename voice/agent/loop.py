@@ -187,11 +187,12 @@ class AgentLoop:
                 self.store.end_turn(self.conversation, state.turn, ev.ERROR, error="the language model request failed")
                 return ev.ERROR
             calls = assembler.tool_calls()
-            if calls:
-                await self._run_tools(state, calls)
+            # A completion the model streamed after its writes, once confirmed
+            # and spoken, ends the turn: asking again would only repeat it.
+            completed = await self._run_tools(state, calls) if calls else False
             self._append(ev.STEP_END, state, {"outcome": "tool_calls" if calls else "completed"})
             state.step_open = False
-            if not calls:
+            if not calls or completed:
                 break
         else:
             await self.surface.notice(f"stopped after {self.settings.max_steps} steps")
@@ -277,7 +278,9 @@ class AgentLoop:
 
     # -- tools -------------------------------------------------------------
 
-    async def _run_tools(self, state: _TurnState, calls: list[ToolCall]) -> None:
+    async def _run_tools(self, state: _TurnState, calls: list[ToolCall]) -> bool:
+        """Run the step's calls in order. True when held completion text
+        was confirmed and spoken."""
         state.pending_calls = list(calls)
         for call in calls:
             self._append(ev.TOOL_CALL, state, {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments_json})
@@ -285,7 +288,7 @@ class AgentLoop:
         while state.pending_calls:
             call = state.pending_calls.pop(0)
             receipts.append(await self._run_tool(state, call))
-        await self._release_held(state, receipts)
+        return await self._release_held(state, receipts)
 
     async def _run_tool(self, state: _TurnState, call: ToolCall) -> str:
         """Run one call; returns its receipt state ("" for a read)."""
@@ -360,13 +363,13 @@ class AgentLoop:
                     return True
         return False
 
-    async def _release_held(self, state: _TurnState, receipts: list[str]) -> None:
+    async def _release_held(self, state: _TurnState, receipts: list[str]) -> bool:
         """Text the model streamed after a write call plays only once every
         write of the step is confirmed; otherwise an honest phrase replaces it."""
         held, state.held_text = state.held_text, ""
         writes = [r for r in receipts if r]
         if not held.strip() and not writes:
-            return
+            return False
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt, part=1)
         if writes and all(r == ev.CONFIRMED for r in writes):
             text, origin = held, "completion"
@@ -376,7 +379,7 @@ class AgentLoop:
                                                             "content": [{"type": "text", "text": held}],
                                                             "receipts": writes})
             if not writes or not held.strip():
-                return  # nothing was claimed, so nothing needs correcting
+                return False  # nothing was claimed, so nothing needs correcting
             text = ("I couldn't confirm that it worked." if ev.UNKNOWN in writes
                     else "That didn't work.")
             origin = "receipt"
@@ -387,6 +390,7 @@ class AgentLoop:
                                                    "content": [{"type": "text", "text": text}],
                                                    "origin": origin, "receipts": writes})
         state.playing.append(ref)
+        return origin == "completion"
 
     # -- delivery ----------------------------------------------------------
 

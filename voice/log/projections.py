@@ -105,6 +105,8 @@ def tool_result_text(payload: dict[str, Any]) -> str:
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         receipt = payload.get("receipt")  # writes: what is known of the effect
         return f"{receipt}: {text}" if receipt else text
+    if payload.get("receipt") == "unknown" and status == "error":  # e.g. a write that timed out
+        return f"unknown: {payload.get('error', '')}"
     return f"{status}: {payload.get('error') or payload.get('content') or ''}".strip()
 
 
@@ -141,6 +143,8 @@ def chat_view(store: EventStore, conversation: str) -> list[str]:
                 lines.append("assistant: [stopped]")
         elif e.type == ev.TOOL_RESULT:
             lines.append(f"  · {e.payload.get('name', '?')} -> {e.payload.get('status')}")
+        elif e.type == ev.TIMER_FIRED:
+            lines.append(f"  [timer] {e.payload.get('text', '')}")
         elif e.type == ev.TURN_END and e.payload.get("outcome") == ev.ERROR:
             lines.append(f"  [error: {e.payload.get('error', '')}]")
     return lines

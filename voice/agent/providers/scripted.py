@@ -13,6 +13,7 @@ Script format (TOML), one `[[reply]]` per model request, in order:
     [[reply.tool_calls]]
     name = "get_time"
     arguments = {}
+    # text_after_tools = "Done."   # optional: streamed after the tool calls
 
 When the script runs out, the provider raises ProviderError: a test that
 asks more of the model than it scripted fails loudly.
@@ -41,7 +42,8 @@ from voice.agent.providers.base import (
     ToolCallDelta,
 )
 
-_REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms"}
+_REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms",
+               "text_after_tools"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ScriptedReply:
     error_after_chars: int = 0
     finish: str | None = None  # None: "tool_calls" if there are calls, else "stop"
     tool_calls: tuple[ScriptedToolCall, ...] = ()
+    text_after_tools: str = ""
 
 
 def split_words(text: str) -> list[str]:
@@ -96,6 +99,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                 error_after_chars=int(item.get("error_after_chars", 0)),
                 finish=item.get("finish"),
                 tool_calls=tuple(calls),
+                text_after_tools=str(item.get("text_after_tools", "")),
             )
         )
     return replies
@@ -153,6 +157,9 @@ class ScriptedProvider:
             yield ToolCallDelta(index=index, id=f"call_{len(self.requests)}_{index}", name=call.name)
             await anyio.sleep(delay)
             yield ToolCallDelta(index=index, arguments=json.dumps(call.arguments))
+            await anyio.sleep(delay)
+        for piece in split_words(reply.text_after_tools):
+            yield TextDelta(piece)
             await anyio.sleep(delay)
         finish = reply.finish if reply.finish is not None else ("tool_calls" if reply.tool_calls else "stop")
         if not finish:

@@ -8,7 +8,8 @@ __all__ = ["Receipt", "Tool", "ToolContext", "ToolError", "ToolOutcome", "ToolRe
            "default_tools"]
 
 
-def default_tools(commands: bool = True) -> ToolRegistry:
+def default_tools(commands: dict[str, list[str]] | None = None) -> ToolRegistry:
+    """The built-in tools; run_command only when commands are configured."""
     from voice.agent.tools.notes import notes_tools
     from voice.agent.tools.timers import timer_tools
 
@@ -16,5 +17,5 @@ def default_tools(commands: bool = True) -> ToolRegistry:
     if commands:
         from voice.agent.tools.commands import run_command_tool
 
-        tools.append(run_command_tool())
+        tools.append(run_command_tool(sorted(commands)))
     return ToolRegistry(tools)

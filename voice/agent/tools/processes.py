@@ -98,19 +98,28 @@ async def run_process(
     spawn_failed = False
     try:
         with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                    env=env,
-                )
-            except OSError:
-                spawn_failed = True  # nothing started
-                raise
-            run.started(proc)
+            # The fork and exec happen synchronously in here; what remains is
+            # connecting the pipes (a few loop iterations). Shielded (and
+            # bounded) so that a cancel arriving meanwhile is acted on with
+            # the pid known: SIGTERM to the group first, not asyncio's bare
+            # SIGKILL of the child alone.
+            with anyio.CancelScope(shield=True, deadline=anyio.current_time() + kill_after_s + 1.0):
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv,
+                        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                        start_new_session=True,
+                        env=env,
+                    )
+                except OSError:
+                    spawn_failed = True  # nothing started
+                    raise
+                run.started(proc)
+            if run.proc is None:  # the bound passed while spawning: asyncio killed the child
+                raise RuntimeError(f"{argv[0]} did not start within {kill_after_s + 1.0} s")
+            proc = run.proc
             async with anyio.create_task_group() as tg:
                 if stdin is not None:
                     assert proc.stdin is not None
@@ -312,32 +321,35 @@ class _Run:
             self.known[proc.pid] = st.start
 
     async def terminate(self, kill_after_s: float) -> None:
-        with anyio.CancelScope(shield=True) as scope:
-            now = anyio.current_time()
-            scope.deadline = now + kill_after_s + 1.0
-            kill_at = now + kill_after_s
-            if self.proc is not None and self.proc.stdin is not None:
-                self.proc.stdin.transport.abort()  # drop unwritten input; the child sees EOF
-            while True:
-                found, self.group_alive = await anyio.to_thread.run_sync(
-                    _scan, self.group, self.tag, self.pipes, dict(self.known)
-                )
-                self.known.update(found)
-                alive = self._alive()
-                if not alive:
-                    break
-                if anyio.current_time() >= kill_at:
-                    self._signal(signal.SIGKILL, alive)
-                else:
-                    fresh = alive - self.termed
-                    if fresh:
-                        self._signal(signal.SIGTERM, fresh)
-                        self._signal(signal.SIGCONT, fresh)
-                        self.termed |= fresh
-                await anyio.sleep(_POLL_S)
-            if self.proc is not None:
-                await self.proc.wait()  # reap the child
-        if scope.cancelled_caught:  # the bound passed: a last SIGKILL, without waiting
+        try:
+            with anyio.CancelScope(shield=True) as scope:
+                now = anyio.current_time()
+                scope.deadline = now + kill_after_s + 1.0
+                kill_at = now + kill_after_s
+                while True:
+                    found, self.group_alive = await anyio.to_thread.run_sync(
+                        _scan, self.group, self.tag, self.pipes, dict(self.known)
+                    )
+                    self.known.update(found)
+                    alive = self._alive()
+                    if not alive:
+                        break
+                    if anyio.current_time() >= kill_at:
+                        self._signal(signal.SIGKILL, alive)
+                    else:
+                        fresh = alive - self.termed
+                        if fresh:
+                            self._signal(signal.SIGTERM, fresh)
+                            self._signal(signal.SIGCONT, fresh)
+                            self.termed |= fresh
+                    await anyio.sleep(_POLL_S)
+                if self.proc is not None:
+                    stdin = self.proc.stdin
+                    if stdin is not None and not stdin.transport.is_closing():
+                        stdin.transport.abort()  # drop input nobody will read
+                    await self.proc.wait()  # reap the child
+        finally:
+            # the bound passed, or something failed: a last SIGKILL, without waiting
             self._signal(signal.SIGKILL, self._alive())
 
     def _alive(self) -> set[tuple[int, int]]:

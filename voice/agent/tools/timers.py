@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from num2words import num2words
 
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome
 from voice.log import events as ev
@@ -39,13 +40,19 @@ class Timer:
         return f"{self.label} timer" if self.label else f"{spoken_duration(self.seconds)} timer"
 
 
-def spoken_duration(seconds: int) -> str:
-    parts = []
-    for unit, size in (("hour", 3600), ("minute", 60), ("second", 1)):
-        n, seconds = divmod(seconds, size)
-        if n:
-            parts.append(f"{n} {unit}{'s' if n != 1 else ''}")
-    return " and ".join(parts) or "0 seconds"
+def spoken_duration(seconds: int | float) -> str:
+    """90 -> "one minute and thirty seconds", 3600 -> "one hour"."""
+    total = max(0, round(seconds))
+    h, rest = divmod(total, 3600)
+    m, s = divmod(rest, 60)
+    parts = [f"{num2words(n)} {unit}{'' if n == 1 else 's'}"
+             for n, unit in ((h, "hour"), (m, "minute"), (s, "second")) if n]
+    return join_words(parts) or "zero seconds"
+
+
+def join_words(parts: list[str]) -> str:
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
 
 
 class TimerService:
@@ -109,13 +116,14 @@ class TimerService:
         if timer.timer_id not in {t.timer_id for t in self.active()}:  # cancelled meanwhile: no authority
             self.store.append(timer.conversation, ev.LATE_OUTPUT, {"kind": "timer", "timer_id": timer.timer_id})
             return
-        self.store.append(timer.conversation, ev.TIMER_FIRED, {"timer_id": timer.timer_id, "late": late,
-                                                               "at_wall": self.clock()})
         if late:
             ago = max(0, round(self.clock() - timer.due_wall))
-            await self.announce(f"Your {timer.describe()} went off {spoken_duration(ago)} ago, while I was not running.")
+            text = f"Your {timer.describe()} went off {spoken_duration(ago)} ago, while I was not running."
         else:
-            await self.announce(f"Your {timer.describe()} is done.")
+            text = f"Your {timer.describe()} is done."
+        self.store.append(timer.conversation, ev.TIMER_FIRED, {"timer_id": timer.timer_id, "late": late,
+                                                               "at_wall": self.clock(), "text": text})
+        await self.announce(text)
 
 
 def _service(ctx: ToolContext) -> TimerService:
