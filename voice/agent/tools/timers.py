@@ -37,15 +37,15 @@ class Timer:
     tool_call_id: str | None = None
 
     def describe(self) -> str:
-        return f"{self.label} timer" if self.label else f"{spoken_duration(self.seconds)} timer"
+        return f"{self.label} timer" if self.label else f"{spoken_duration(self.seconds, attributive=True)} timer"
 
 
-def spoken_duration(seconds: int | float) -> str:
+def spoken_duration(seconds: int | float, attributive: bool = False) -> str:
     """90 -> "one minute and thirty seconds", 3600 -> "one hour"."""
     total = max(0, round(seconds))
     h, rest = divmod(total, 3600)
     m, s = divmod(rest, 60)
-    parts = [f"{num2words(n)} {unit}{'' if n == 1 else 's'}"
+    parts = [f"{num2words(n)} {unit}{'' if n == 1 or attributive else 's'}"
              for n, unit in ((h, "hour"), (m, "minute"), (s, "second")) if n]
     return join_words(parts) or "zero seconds"
 
