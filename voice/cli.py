@@ -46,9 +46,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
     p.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model")
 
-    p = sub.add_parser("run", help="listen and talk on the sound card until SIGINT/SIGTERM")
+    p = sub.add_parser("run", help="the assistant as a service: listen and talk until SIGINT/SIGTERM")
     _common(p)
     p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    p.add_argument("--replay", metavar="SCENARIO.toml",
+                   help="the replay device instead of the sound card (headless machines, tests); stays up after it")
+
+    p = sub.add_parser("acp", help="serve the Agent Client Protocol on stdin/stdout (for editors such as Zed)")
+    _common(p)
+    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+
+    p = sub.add_parser("ctl", help="talk to the running daemon over its control socket")
+    _common(p)
+    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "events"))
+    p.add_argument("text", nargs="*", help="for say: the text of the turn")
+
+    p = sub.add_parser("config", help="the effective configuration")
+    _common(p)
+    p.add_argument("action", choices=("show",))
+
+    p = sub.add_parser("doctor", help="check audio, models, LLM, config, service; say what to fix")
+    _common(p)
+    p.add_argument("--llm", metavar="URL|scripted:FILE")
+    p.add_argument("--no-load", action="store_true", help="do not load the speech models (faster)")
+
+    p = sub.add_parser("service", help="install or remove the systemd user unit")
+    p.add_argument("action", choices=("install", "uninstall"))
 
     p = sub.add_parser("effects", help="every dispatched write and what is known of it")
     _common(p)
@@ -83,7 +106,7 @@ def _store(args: argparse.Namespace, config: dict[str, Any]):
     from voice.log.store import EventStore
     from voice.paths import default_db
 
-    path = Path(args.db or config["paths"]["db"] or os.environ.get("VOICE_DB") or default_db())
+    path = Path(args.db or config["paths"]["db"] or default_db())
     try:
         return EventStore(path)
     except ValueError as exc:
@@ -203,9 +226,51 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from voice.live import run_live
+    from voice.service.daemon import run_daemon
 
-    return run_live(_config(args), _store(args, _config(args)), args.llm)
+    config = _config(args)
+    return run_daemon(config, _store(args, config), args.llm, Path(args.replay) if args.replay else None)
+
+
+def cmd_acp(args: argparse.Namespace) -> int:
+    from voice.service.acp import run_acp
+
+    config = _config(args)
+    return run_acp(config, _store(args, config), args.llm)
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from voice.service.control import request, socket_path
+
+    payload: dict[str, Any] = {"cmd": args.cmd}
+    if args.cmd == "say":
+        if not args.text:
+            raise UsageError("voice ctl say needs the text to say, e.g. voice ctl say what time is it")
+        payload["text"] = " ".join(args.text)
+    try:
+        return anyio.run(lambda: request(socket_path(_config(args)), payload, stream_lines=args.cmd == "events"))
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from voice.config import load_config_with_sources, show
+
+    print(show(*load_config_with_sources(args.config)), end="")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from voice.service.doctor import run_doctor
+
+    return run_doctor(args.config, args.llm, load_models=not args.no_load)
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from voice.service import unit
+
+    print(unit.install() if args.action == "install" else unit.uninstall())
+    return 0
 
 
 def cmd_effects(args: argparse.Namespace) -> int:
@@ -224,18 +289,34 @@ def cmd_effects(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "run": cmd_run, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
+COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "run": cmd_run, "acp": cmd_acp, "ctl": cmd_ctl,
+            "config": cmd_config, "doctor": cmd_doctor, "service": cmd_service, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except UsageError as exc:
-        print(f"voice: error: {exc}", file=sys.stderr)
+    except (UsageError, BaseExceptionGroup) as exc:
+        usage = _usage_error(exc)
+        if usage is None:
+            raise
+        print(f"voice: error: {usage}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _usage_error(exc: BaseException) -> UsageError | None:
+    """The UsageError in `exc`, also when a task group wrapped it."""
+    if isinstance(exc, UsageError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _usage_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

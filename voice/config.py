@@ -1,15 +1,19 @@
 """Configuration: the documented defaults (config/voice.toml), the user's
-file layered over them, then command-line overrides.
+file layered over them, then `VOICE_<SECTION>_<KEY>` environment variables
+(for the few keys a unit file needs, e.g. VOICE_LLM_BASE_URL).
 
 Only keys present in the defaults are accepted, each with the defaults'
 type; anything else fails at start with one line naming the key, the value
-and what is allowed.
+and what is allowed. Every value remembers where it came from
+(`voice config show`).
 """
 
 from __future__ import annotations
 
-import copy
+import json
+import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ from voice.paths import config_dir
 
 _PACKAGED = Path(__file__).with_name("voice.toml")  # in a wheel
 _SOURCE = Path(__file__).resolve().parents[1] / "config" / "voice.toml"  # in a checkout
+ENV_PREFIX = "VOICE_"
 
 
 def defaults_path() -> Path:
@@ -29,7 +34,7 @@ def _read(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
 
 
@@ -39,7 +44,7 @@ def _type_name(value: Any) -> str:
     )
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str = "") -> None:
+def _merge(base: dict[str, Any], over: dict[str, Any], where: str, sources: dict[str, str], prefix: str = "") -> None:
     for key, value in over.items():
         name = f"{prefix}{key}"
         if key not in base:
@@ -49,32 +54,84 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str =
         if isinstance(default, dict):
             if not isinstance(value, dict):
                 raise UsageError(f"{where}: {name} = {value!r} must be a table")
-            if not default:  # an open table (e.g. a list of named commands)
+            if not default:  # an open table (e.g. named commands)
                 base[key] = value
+                for k in value:
+                    sources[f"{name}.{k}"] = where
             else:
-                _merge(default, value, where, name + ".")
-        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            base[key] = float(value)
+                _merge(default, value, where, sources, name + ".")
+            continue
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
         elif type(value) is not type(default):
             raise UsageError(f"{where}: {name} = {value!r} must be {_type_name(default)}")
+        base[key] = value
+        sources[name] = where
+
+
+def _env_overrides(config: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """VOICE_LLM_BASE_URL=... -> {"llm": {"base_url": "..."}}; the value is
+    read as TOML when the key is not a string (VOICE_VAD_START_SECS=0.2)."""
+    over: dict[str, Any] = {}
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        section, _, key = var[len(ENV_PREFIX):].lower().partition("_")
+        if section not in config or not isinstance(config[section], dict):
+            continue  # not a config variable (e.g. VOICE_DEBUG): not ours to judge
+        if key not in config[section] or isinstance(config[section][key], dict):
+            raise UsageError(f"environment: {var} names no key of [{section}]; allowed: "
+                             + ", ".join(f"{ENV_PREFIX}{section.upper()}_{k.upper()}" for k in config[section]
+                                         if not isinstance(config[section][k], dict)))
+        if isinstance(config[section][key], str):
+            value: Any = raw
         else:
-            base[key] = value
+            try:
+                value = tomllib.loads(f"v = {raw}")["v"]
+            except tomllib.TOMLDecodeError:
+                raise UsageError(f"environment: {var} = {raw!r} must be {_type_name(config[section][key])}") from None
+        over.setdefault(section, {})[key] = value
+    return over
+
+
+def load_config_with_sources(path: str | Path | None = None,
+                             env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    config = _read(defaults_path())
+    sources: dict[str, str] = {}
+    user = Path(path) if path else config_dir() / "voice.toml"
+    if path or user.exists():
+        _merge(config, _read(user), str(user), sources)
+    env = os.environ if env is None else env
+    over = _env_overrides(config, env)
+    for section, values in over.items():
+        for key, value in values.items():
+            _merge(config, {section: {key: value}}, f"env {ENV_PREFIX}{section.upper()}_{key.upper()}", sources)
+    return config, sources
 
 
 def load_config(path: str | Path | None = None) -> dict[str, Any]:
-    """Defaults, then the user's file (explicit `path`, else the XDG one if it exists)."""
-    config = _read(defaults_path())
-    user = Path(path) if path else config_dir() / "voice.toml"
-    if path or user.exists():
-        _merge(config, _read(user), str(user))
-    return config
+    """Defaults, then the user's file (explicit `path`, else the XDG one if
+    it exists), then VOICE_* environment overrides."""
+    return load_config_with_sources(path)[0]
 
 
-def with_override(config: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    config = copy.deepcopy(config)
-    *parents, leaf = dotted.split(".")
-    node = config
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
-    return config
+def show(config: dict[str, Any], sources: dict[str, str]) -> str:
+    """The effective config as TOML-ish lines, each with where it came from."""
+    lines: list[str] = []
+
+    def walk(table: dict[str, Any], prefix: str) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if scalars or not table:
+            lines.append(f"[{prefix[:-1]}]")
+            for k, v in scalars.items():
+                name = prefix + k
+                shown = json.dumps(v, ensure_ascii=False)  # TOML-compatible for strings, numbers, booleans, lists
+                lines.append(f"{k} = {shown}  # {sources.get(name, 'default')}")
+            lines.append("")
+        for k, v in table.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+
+    for section, table in config.items():
+        walk(table, f"{section}.")
+    return "\n".join(lines).rstrip() + "\n"

@@ -46,6 +46,7 @@ class ReplayDevice:
     idle: Callable[[], bool]  # True when the assistant has nothing to do or say
     buffer: PlaybackBuffer = field(default_factory=lambda: PlaybackBuffer(MIC_RATE))
     realtime: bool = False
+    hold: bool = False  # after the scenario, keep listening to silence until cancelled (the daemon)
     position: int = 0
     placed: list[PlacedClip] = field(default_factory=list)
     mic_blocks: list[np.ndarray] = field(default_factory=list)
@@ -74,17 +75,19 @@ class ReplayDevice:
         tail = int(self.scenario.tail * MIC_RATE)
         idle_since: int | None = None
         deadline = time.monotonic()
-        while self.position < limit:
+        while self.hold or self.position < limit:
             self._place_next()
             mic = self._mix(self.position, BLOCK)
             await on_mic(mic.tobytes())
-            self.played_blocks.append(self.buffer.pull(BLOCK))
-            self.mic_blocks.append(mic)
+            played = self.buffer.pull(BLOCK)
+            if not self.hold:  # a daemon may run for days: keep no recording
+                self.played_blocks.append(played)
+                self.mic_blocks.append(mic)
             self.position += BLOCK
             if len(self.placed) == len(self.scenario.users) and self.position >= self.placed[-1].end:
                 if self.idle():
                     idle_since = self.position if idle_since is None else idle_since
-                    if self.position - idle_since >= tail:
+                    if self.position - idle_since >= tail and not self.hold:
                         return
                 else:
                     idle_since = None

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
-from pipecat.frames.frames import EndFrame, InputAudioRawFrame
+from pipecat.frames.frames import EndFrame, InputAudioRawFrame, InterruptionFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.workers.runner import WorkerRunner
@@ -53,6 +53,19 @@ class VadSettings:
 
 
 @dataclass
+class _Request:
+    """An utterance (or typed text) waiting for its turn."""
+
+    text: str
+    source: str
+    start: int
+    end: int
+    stt_s: float
+    done: anyio.Event | None = None
+    result: Any = None
+
+
+@dataclass
 class TurnInfo:
     turn: int
     user_text: str
@@ -76,8 +89,9 @@ class VoiceSession:
     tts: TtsEngine
     vad: VadSettings = field(default_factory=VadSettings)
     tool_env: ToolEnv | None = None
+    shutdown_s: float = 5.0
     timers: Any = None  # a TimerService, announced through this session's voice
-    say: Callable[[str], None] = lambda line: print(line, flush=True)
+    transcript: Callable[[str], None] = lambda line: print(line, flush=True)
     turns: list[TurnInfo] = field(default_factory=list)
     agent: AgentLoop = field(init=False)
     surface: VoiceSurface = field(init=False)
@@ -96,7 +110,7 @@ class VoiceSession:
         self.play = PlayProcessor(self.surface)
         self.agent = AgentLoop(self.store, self.provider, self.surface, self.conversation, self.tools, self.settings,
                                self.tool_env)
-        self._send, self._receive = anyio.create_memory_object_stream[UserTextFrame](16)
+        self._send, self._receive = anyio.create_memory_object_stream[_Request](16)
         self._waiting = 0  # utterances recognised but whose turn has not ended
 
     # -- lifecycle ---------------------------------------------------------
@@ -132,7 +146,7 @@ class VoiceSession:
             finally:
                 # Stop the turn (its prefix is recorded), then let the EndFrame
                 # drain the pipeline so pipecat closes its own tasks.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.shutdown_s):
                     self.agent.cancel(ev.INTERRUPTED)
                     while self.agent.busy:
                         await anyio.sleep(0.01)
@@ -159,9 +173,39 @@ class VoiceSession:
         return True
 
     async def user_text(self, frame: UserTextFrame) -> None:
-        self.say(f"you: {frame.text}")
+        self.transcript(f"you: {frame.text}")
         self._waiting += 1
-        await self._send.send(frame)
+        await self._send.send(_Request(frame.text, "voice", frame.start, frame.end, frame.stt_s))
+
+    # -- control (the socket's requests) -----------------------------------
+
+    async def submit_text(self, text: str, source: str = "text") -> Any:
+        """A typed turn, answered by voice; returns its TurnResult."""
+        position = self.listen.position
+        request = _Request(text, source, position, position, 0.0, done=anyio.Event())
+        self._waiting += 1
+        await self._send.send(request)
+        await request.done.wait()
+        return request.result
+
+    async def interrupt(self) -> bool:
+        """The barge-in protocol, without the speech: cancel the turn, drop
+        queued speech, clear the speaker buffer."""
+        cancelled = self.agent.cancel()
+        self.device.buffer.request_clear()
+        await self.listen.push_frame(InterruptionFrame())
+        return cancelled
+
+    def state(self) -> str:
+        if self.listen.muted:
+            return "muted"
+        if self.listen.speaking:
+            return "hearing"
+        if self.transcribe.busy:
+            return "transcribing"
+        if self.agent.busy:
+            return "speaking" if self.surface.playing() else "thinking"
+        return "listening"
 
     def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
         if ref.conversation != self.conversation:
@@ -173,20 +217,22 @@ class VoiceSession:
 
     async def _run_turns(self) -> None:
         async with self._receive:
-            async for frame in self._receive:
+            async for request in self._receive:
                 try:
-                    info = TurnInfo(-1, frame.text, frame.start, frame.end, frame.stt_s, anyio.current_time())
+                    info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
                     self.turns.append(info)
-                    result = await self._turn(frame.text, info)
+                    result = request.result = await self._turn(request.text, request.source, info)
                     reply = turn_reply(self.store, self.conversation, result.turn)
                     if reply.delivered_text or reply.interrupted:
                         stopped = "[stopped]" if reply.interrupted else ""
-                        self.say(" ".join(p for p in ("assistant:", reply.delivered_text, stopped) if p))
+                        self.transcript(" ".join(p for p in ("assistant:", reply.delivered_text, stopped) if p))
                 finally:
                     self._waiting -= 1
+                    if request.done is not None:
+                        request.done.set()
 
-    async def _turn(self, text: str, info: TurnInfo):
-        result = await self.agent.run_turn(text, source="voice")
+    async def _turn(self, text: str, source: str, info: TurnInfo):
+        result = await self.agent.run_turn(text, source=source)
         info.turn = result.turn
         if info.barge_in_onset is not None:
             info.clear_position = next((c for c in self.device.buffer.clears if c >= info.barge_in_onset), None)

@@ -1,0 +1,42 @@
+"""The benchmark suite's code path, in its tiny mode, so it cannot rot:
+one barge-in replay, the termination measurement, a short idle run, the VAD
+grid and one peer scenario; the JSON must hold every headline key, numeric."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KEYS = ("ack_ms_p50", "ack_ms_p95", "termination_ms_p95", "termination_resistant_ms_p95",
+        "prefix_error_words_mean", "peer_prefix_error_words_mean", "peer_ack_ms_p50", "v2v_ms_p50",
+        "replay_speedup", "idle_cpu_pct", "peak_rss_mb")
+
+
+def test_benchmark_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--json", str(out),
+                           "--keep", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for key in KEYS:
+        assert isinstance(result.get(key), (int, float)) and not isinstance(result[key], bool), (key, result.get(key))
+        assert math.isfinite(result[key]), key
+    assert result["termination_resistant_ms_p95"] >= 1000  # the SIGKILL bound (kill_after_s = 2.0) was exercised
+    assert result["machine"]["cores"] and result["versions"]["pipecat"]
+    assert "| ack_ms" in proc.stdout
+
+
+def test_log_append_benchmark_runs(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "log_append.py"), "--n", "200",
+                           "--json", str(tmp_path / "a.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((tmp_path / "a.json").read_text())
+    assert r["journal_mode"] == "wal" and r["synchronous"] == "NORMAL" and r["append_us_p50"] > 0

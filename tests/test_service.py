@@ -1,0 +1,288 @@
+"""The daemon (issue #5): systemd notify lifecycle, shutdown as the
+cancellation protocol, the control socket, config, the unit and doctor.
+The daemon runs for real (`voice run --replay`, paced in real time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from voice.log import events as ev
+from voice.log.store import EventStore
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
+
+pytestmark = pytest.mark.slow
+
+
+def env_for(tmp: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "XDG_RUNTIME_DIR": str(tmp / "run"), "XDG_STATE_HOME": str(tmp / "state"),
+            "XDG_DATA_HOME": str(tmp / "data"), "XDG_CONFIG_HOME": str(tmp / "config"), "HF_HUB_OFFLINE": "1",
+            **extra}
+
+
+def voice(tmp: Path, *args: str, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "voice", *args], cwd=ROOT, env=env_for(tmp, **extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Daemon:
+    def __init__(self, tmp: Path, scenario: Path, watchdog_usec: int = 1_000_000):
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "run").mkdir(mode=0o700, exist_ok=True)
+        self.tmp, self.db = tmp, tmp / "events.db"
+        self.notify_path = str(tmp / "notify.sock")
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(self.notify_path)
+        self.notify.settimeout(0.05)
+        self.messages: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "voice", "run", "--db", str(self.db), "--replay", str(scenario)],
+            cwd=ROOT, env=env_for(tmp, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(watchdog_usec)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.socket = tmp / "run" / "voice" / "control.sock"
+
+    def pump(self, until, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert time.monotonic() < deadline, f"timed out; notify messages {self.messages}"
+            try:
+                self.messages.append(self.notify.recv(256).decode())
+            except TimeoutError:
+                pass
+
+    def events(self):
+        store = EventStore(self.db)
+        try:
+            return store.events()
+        finally:
+            store.close()
+
+    def stop(self) -> float:
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(20)
+        elapsed = time.monotonic() - started
+        try:
+            while True:
+                self.messages.append(self.notify.recv(256).decode())
+        except (TimeoutError, OSError):
+            pass
+        self.notify.close()
+        return elapsed
+
+
+def ask(path: Path, *requests: dict | bytes, timeout: float = 60.0) -> list[dict]:
+    """Send requests on one connection; one reply line each."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        f = s.makefile("rwb")
+        replies = []
+        for r in requests:
+            f.write(r if isinstance(r, bytes) else json.dumps(r).encode() + b"\n")
+            f.flush()
+            replies.append(json.loads(f.readline()))
+        return replies
+
+
+def test_lifecycle_notifies_and_sigterm_mid_reply_closes_the_turn(tmp_path):
+    d = Daemon(tmp_path, SCENARIOS / "cut_after_stream.toml")
+    d.pump(lambda: "READY=1" in d.messages)
+    # mid-reply: the first answer's speech has started playing
+    d.pump(lambda: any(e.type == ev.ASSISTANT_MESSAGE for e in d.events()))
+    time.sleep(1.5)
+    d.pump(lambda: d.messages.count("WATCHDOG=1") >= 2)
+    elapsed = d.stop()
+    assert d.proc.returncode == 0
+    assert elapsed < 5.0, f"shutdown took {elapsed:.1f} s"
+    order = [m for m in d.messages if m in ("READY=1", "WATCHDOG=1", "STOPPING=1")]
+    assert order[0] == "READY=1" and order[-1] == "STOPPING=1" and "WATCHDOG=1" in order[1:-1]
+    events = d.events()
+    ends = [e for e in events if e.type == ev.TURN_END]
+    assert [e.payload["outcome"] for e in ends] == [ev.INTERRUPTED]
+    (played,) = [e for e in events if e.type == ev.SPEECH_PLAYED]
+    assert played.payload["complete"] is False and 0 < played.payload["chars"]
+    assert not (tmp_path / "run" / "voice" / "control.sock").exists()  # removed on the way out
+
+
+@pytest.mark.anyio
+async def test_no_watchdog_when_the_pipeline_stalls():
+    """The heartbeat is the pipeline's progress, not the process's life."""
+    import anyio
+
+    from voice.service.notify import watchdog
+
+    sent, position = [], [0]
+
+    async def advance_then_stall():
+        for _ in range(5):
+            position[0] += 320
+            await anyio.sleep(0.02)
+
+    with anyio.move_on_after(0.3):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watchdog, lambda: position[0], 0.02, sent.append)
+            await advance_then_stall()
+            await anyio.sleep(10)  # stalled from here on
+    assert 3 <= len(sent) <= 6  # keep-alives while audio advanced, none after
+    before = len(sent)
+    with anyio.move_on_after(0.2):
+        await watchdog(lambda: position[0], 0.02, sent.append)
+    assert len(sent) == before
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("daemon")
+    scenario = tmp / "idle.toml"
+    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "what_time.wav"}"\nat = 0.3\n')
+    d = Daemon(tmp, scenario)
+    d.pump(lambda: "READY=1" in d.messages and d.socket.exists())
+    d.pump(lambda: any(e.type == ev.TURN_END for e in d.events()))  # the spoken question was answered
+    yield d
+    d.stop()
+
+
+def test_socket_is_private(daemon):
+    mode = stat.S_IMODE(daemon.socket.stat().st_mode)
+    assert mode == 0o600
+    assert stat.S_IMODE(daemon.socket.parent.stat().st_mode) == 0o700
+
+
+def test_status_and_say_run_a_spoken_turn(daemon):
+    (status,) = ask(daemon.socket, {"cmd": "status"})
+    assert status["ok"] and status["state"] in ("listening", "speaking", "thinking")
+    assert status["llm"]["provider"] == "skills" and status["stt"] == "base"
+    (reply,) = ask(daemon.socket, {"cmd": "say", "text": "set a timer for one minute"})
+    assert reply["ok"] and reply["outcome"] == ev.COMPLETED
+    assert reply["reply"] == "Done, your timer for one minute is set."
+    effects = [e for e in daemon.events() if e.type == ev.EFFECT_RECEIPT]
+    assert effects[-1].payload["state"] == "confirmed"
+    (history,) = ask(daemon.socket, {"cmd": "history"})
+    assert history["messages"][-1]["content"] == "Done, your timer for one minute is set."
+
+
+def test_malformed_requests_get_errors_and_change_nothing(daemon):
+    before = len(daemon.events())
+    replies = ask(daemon.socket, b"this is not json\n", b"[1, 2]\n", {"cmd": "dance"}, {"cmd": "say"},
+                  {"cmd": "status"})
+    assert [r["ok"] for r in replies] == [False, False, False, False, True]
+    assert "malformed request" in replies[0]["error"] and "known: status" in replies[2]["error"]
+    assert len(daemon.events()) == before  # nothing was recorded for them
+    assert daemon.proc.poll() is None
+
+
+def test_two_clients_at_once_and_events_stream(daemon):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as watcher:
+        watcher.settimeout(30)
+        watcher.connect(str(daemon.socket))
+        w = watcher.makefile("rwb")
+        w.write(b'{"cmd": "events"}\n')
+        w.flush()
+        assert json.loads(w.readline())["streaming"] == "events"
+        (reply,) = ask(daemon.socket, {"cmd": "say", "text": "what time is it"})  # a second client
+        assert reply["ok"] and reply["reply"].startswith("It is")
+        seen = []
+        while not any(e["type"] == ev.TURN_END for e in seen):
+            seen.append(json.loads(w.readline()))
+        assert seen[0]["type"] == ev.TURN_START and seen[1]["payload"]["content"] == "what time is it"
+
+
+def test_mute_unmute_and_cancel(daemon):
+    assert ask(daemon.socket, {"cmd": "mute"})[0]["muted"] is True
+    assert ask(daemon.socket, {"cmd": "status"})[0]["state"] == "muted"
+    assert ask(daemon.socket, {"cmd": "unmute"})[0]["muted"] is False
+    assert ask(daemon.socket, {"cmd": "cancel"})[0] == {"ok": True, "cancelled": False}  # nothing running
+
+
+def test_voice_ctl_client(daemon):
+    out = voice(daemon.tmp, "ctl", "status")
+    assert out.returncode == 0 and json.loads(out.stdout)["ok"]
+    out = voice(daemon.tmp, "ctl", "say", "what", "time", "is", "it")
+    assert out.returncode == 0 and json.loads(out.stdout)["reply"].startswith("It is")
+
+
+def test_ctl_without_a_daemon_says_how_to_start_one(tmp_path):
+    out = voice(tmp_path, "ctl", "status")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "voice run" in out.stderr
+
+
+# -- config --------------------------------------------------------------------
+
+
+def test_environment_overrides_and_their_sources(tmp_path):
+    out = voice(tmp_path, "config", "show", VOICE_LLM_BASE_URL="http://127.0.0.1:8080/v1", VOICE_VAD_START_SECS="0.2")
+    assert out.returncode == 0, out.stderr
+    assert 'base_url = "http://127.0.0.1:8080/v1"  # env VOICE_LLM_BASE_URL' in out.stdout
+    assert "start_secs = 0.2  # env VOICE_VAD_START_SECS" in out.stdout
+    assert 'model = "llama3.2"  # default' in out.stdout
+
+
+@pytest.mark.parametrize("var,value,named", [
+    ("VOICE_LLM_BOGUS", "1", "VOICE_LLM_BOGUS"),
+    ("VOICE_VAD_START_SECS", "soon", "VOICE_VAD_START_SECS"),
+    ("VOICE_TOOLS_KILL_AFTER_S", '"x"', "VOICE_TOOLS_KILL_AFTER_S"),
+])
+def test_bad_environment_values_fail_in_one_line(tmp_path, var, value, named):
+    out = voice(tmp_path, "config", "show", **{var: value})
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and named in out.stderr
+
+
+def test_bad_command_config_fails_at_start(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[tools.commands]\nbackup = "rsync -a a b"\n')
+    out = voice(tmp_path, "chat", "--config", str(cfg), "--db", str(tmp_path / "e.db"))
+    assert out.returncode == 2 and "tools.commands.backup" in out.stderr and "list of strings" in out.stderr
+
+
+# -- unit and doctor -------------------------------------------------------------
+
+
+def test_service_install_writes_a_notify_unit_for_this_install(tmp_path):
+    out = voice(tmp_path, "service", "install")
+    assert out.returncode == 0 and "systemctl --user daemon-reload && systemctl --user enable --now voice.service" in out.stdout
+    unit = (tmp_path / "config" / "systemd" / "user" / "voice.service").read_text()
+    assert "Type=notify" in unit and "WatchdogSec=" in unit and "Restart=on-failure" in unit
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    program = exec_start.removeprefix("ExecStart=").split()[0]
+    assert Path(program).is_absolute() and Path(program).exists() and exec_start.endswith(" run")
+    out = voice(tmp_path, "service", "uninstall")
+    assert out.returncode == 0 and not (tmp_path / "config" / "systemd" / "user" / "voice.service").exists()
+
+
+def test_doctor_names_each_problem_and_its_fix(tmp_path):
+    out = voice(tmp_path, "doctor", "--no-load", "--llm", "http://127.0.0.1:9/v1", timeout=90)
+    lines = out.stdout.splitlines()
+    llm = next(line for line in lines if "language model" in line)
+    assert llm.startswith("[FAIL]") and "127.0.0.1:9" in llm and "->" in llm
+    assert out.returncode == 1
+    if any(line.startswith("[FAIL] microphone") for line in lines):  # this machine has no sound card
+        mic = next(line for line in lines if "microphone" in line)
+        assert "virtual-audio.sh" in mic and "[audio] input" in mic
+
+
+def test_notify_never_blocks_when_systemd_does_not_read(tmp_path, monkeypatch):
+    from voice.service.notify import notify
+
+    path = str(tmp_path / "n.sock")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(path)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    started = time.monotonic()
+    sent = [notify("WATCHDOG=1") for _ in range(2000)]  # far more than the socket queue holds
+    assert time.monotonic() - started < 2.0
+    assert sent[0] is True and sent[-1] is False
+    receiver.close()

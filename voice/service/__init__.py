@@ -1,0 +1,1 @@
+"""The daemon: service lifecycle, control socket, doctor, ACP bridge."""

@@ -1,0 +1,235 @@
+"""`voice acp`: the assistant as an Agent Client Protocol agent on stdio.
+
+One ACP session is one conversation in the log (`session/new` starts a new
+one; the session id is the conversation id) with its own AgentLoop and
+AcpSurface. `session/prompt` runs one turn (source "acp"); `session/cancel`
+cancels it like a barge-in, so the log records as delivered exactly the
+`agent_message_chunk` text the client was sent. Tool calls the loop runs are
+reported as `tool_call` / `tool_call_update` by wrapping each tool.
+
+Ordering: every update of a turn is written before the prompt's response
+(sends are awaited, then the surface is drained), so a client sees all
+chunks of a cancelled turn before `stopReason: "cancelled"`.
+
+stdout carries the protocol and nothing else: the protocol gets its own
+copy of file descriptor 1, and fd 1 / sys.stdout then point at stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from voice.agent.loop import AgentLoop
+from voice.agent.tools import ToolRegistry
+from voice.agent.tools.base import Tool, ToolContext, ToolOutcome
+from voice.errors import UsageError
+from voice.log import events as ev
+from voice.log.store import EventStore
+from voice.surfaces.acp import AcpSurface
+
+log = logging.getLogger("voice.acp")
+
+_STOP_REASONS = {ev.COMPLETED: "end_turn", ev.ABORTED: "cancelled", ev.INTERRUPTED: "cancelled"}
+
+
+def prompt_text(blocks: list[Any]) -> str:
+    """The words of a prompt: text blocks, linked resources by URI, embedded
+    text resources by their text. Images and audio are not supported."""
+    parts = []
+    for b in blocks:
+        kind = getattr(b, "type", None)
+        if kind == "text":
+            parts.append(b.text)
+        elif kind == "resource_link":
+            parts.append(b.uri)
+        elif kind == "resource" and getattr(b.resource, "text", None):
+            parts.append(b.resource.text)
+    return "\n".join(p for p in parts if p)
+
+
+def _reported(tool: Tool, surface: AcpSurface) -> Tool:
+    """`tool` whose runs are reported to the client: `tool_call` before,
+    `tool_call_update` (completed/failed) after."""
+    from acp import start_tool_call, text_block, tool_content, update_tool_call
+
+    kind = "execute" if tool.name == "run_command" else ("read" if tool.effect == "read" else "other")
+
+    async def run(args: dict[str, Any], ctx: ToolContext) -> Any:
+        call_id = ctx.tool_call_id
+        await surface.update(start_tool_call(call_id, tool.name, kind=kind, status="in_progress", raw_input=args))
+        try:
+            out = await tool.run(args, ctx)
+        except BaseException as exc:  # an error, a timeout or the turn's cancel: the call did not complete
+            await surface.update(update_tool_call(call_id, status="failed",
+                                                  raw_output={"error": str(exc) or type(exc).__name__}))
+            raise
+        outcome = out if isinstance(out, ToolOutcome) else ToolOutcome(out)
+        failed = outcome.receipt is not None and outcome.receipt.state == ev.FAILED
+        shown = outcome.content if isinstance(outcome.content, str) else json.dumps(outcome.content, ensure_ascii=False)
+        await surface.update(update_tool_call(call_id, status="failed" if failed else "completed",
+                                              raw_output=outcome.content, content=[tool_content(text_block(shown))]))
+        return out
+
+    return dataclasses.replace(tool, run=run)
+
+
+def reported_tools(tools: ToolRegistry, surface: AcpSurface) -> ToolRegistry:
+    return ToolRegistry([_reported(tools.get(name), surface) for name in tools.names()])
+
+
+@dataclass
+class _Session:
+    surface: AcpSurface
+    agent: AgentLoop
+
+
+class VoiceAcpAgent:
+    """The acp.Agent: initialize, session/new, session/prompt, session/cancel.
+    Methods it does not define answer "method not found"."""
+
+    def __init__(self, store: EventStore, provider, runtime, config: dict[str, Any]):
+        self.store, self.provider, self.runtime, self.config = store, provider, runtime, config
+        self.conn: Any = None
+        self.sessions: dict[str, _Session] = {}
+        self.active: str | None = None  # the session timers announce to
+
+    def on_connect(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
+                         **kwargs: Any):
+        from acp import PROTOCOL_VERSION, InitializeResponse
+        from acp.schema import AgentCapabilities, Implementation, PromptCapabilities
+
+        import voice
+
+        return InitializeResponse(
+            protocol_version=min(protocol_version, PROTOCOL_VERSION),
+            agent_capabilities=AgentCapabilities(load_session=False, prompt_capabilities=PromptCapabilities()),
+            agent_info=Implementation(name="voice", title="voice", version=voice.__version__),
+        )
+
+    async def new_session(self, cwd: str, additional_directories: list[str] | None = None,
+                          mcp_servers: list[Any] | None = None, **kwargs: Any):
+        from acp import NewSessionResponse
+
+        from voice.log.store import new_conversation_id
+        from voice.runtime import loop_settings
+
+        if mcp_servers:
+            log.warning("acp: MCP servers are not supported; ignoring %d", len(mcp_servers))
+        conversation = new_conversation_id()
+        surface = AcpSurface(self.conn, conversation, show_reasoning=self.config["chat"]["show_reasoning"])
+        agent = AgentLoop(self.store, self.provider, surface, conversation, reported_tools(self.runtime.tools, surface),
+                          loop_settings(self.config), self.runtime.env)
+        self.sessions[conversation] = _Session(surface, agent)
+        self.active = conversation
+        return NewSessionResponse(session_id=conversation)
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any):
+        from acp import PromptResponse, RequestError
+
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RequestError.invalid_params({"sessionId": session_id, "details": "no such session"})
+        if session.agent.busy:
+            raise RequestError.invalid_request({"details": "a prompt is already running in this session"})
+        text = prompt_text(prompt)
+        if not text.strip():
+            raise RequestError.invalid_params({"details": "the prompt holds no text"})
+        self.active = session_id
+        result = await session.agent.run_turn(text, source="acp")
+        await session.surface.drain()  # every update of the turn precedes the response
+        if result.outcome == ev.ERROR:
+            raise RequestError.internal_error({"details": "the language model request failed", "turn": result.turn})
+        return PromptResponse(stop_reason=_STOP_REASONS[result.outcome])
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.agent.cancel()
+
+    async def announce(self, text: str) -> None:
+        session = self.sessions.get(self.active or "")
+        if session is None:
+            print(f"voice acp: {text}", file=sys.stderr, flush=True)
+        else:
+            await session.surface.notice(text)
+
+
+async def _protocol_streams():
+    """(reader, writer) on stdin / a private copy of stdout; afterwards fd 1
+    and sys.stdout point at stderr, so nothing else can write to the protocol."""
+    from acp import stdio_streams
+    from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
+
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = proto  # stdio_streams reads sys.stdout
+    try:
+        return await stdio_streams(limit=DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
+    except ValueError as exc:  # asyncio takes pipes, sockets and terminals, not regular files
+        raise UsageError(f"voice acp talks ACP on stdin/stdout, which must be pipes (run it from an ACP client): "
+                         f"{exc}") from None
+    finally:
+        sys.stdout = sys.stderr
+
+
+def run_acp(config: dict[str, Any], store: EventStore, llm_spec: str | None) -> int:
+    """Serve ACP on stdin/stdout until end of input (or SIGINT/SIGTERM)."""
+    try:
+        import acp
+
+        from voice.agent.providers import make_provider, open_provider
+        from voice.runtime import build_runtime, start
+
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="voice acp: %(levelname)s %(message)s")
+        spec = llm_spec or config["llm"]["provider"]
+        make_provider(spec, config)  # a bad --llm fails before anything else happens
+        bridge: VoiceAcpAgent | None = None
+
+        async def announce(text: str) -> None:
+            if bridge is not None:
+                await bridge.announce(text)
+
+        runtime = build_runtime(config, store, announce)
+
+        async def main() -> None:
+            nonlocal bridge
+            provider = await open_provider(spec, config, notice=lambda text: print(text, file=sys.stderr, flush=True))
+            try:
+                await start(runtime)
+                bridge = VoiceAcpAgent(store, provider, runtime, config)
+                reader, writer = await _protocol_streams()
+                async with anyio.create_task_group() as tg:
+
+                    async def on_signal() -> None:
+                        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                            async for _ in signals:
+                                tg.cancel_scope.cancel()
+                                return
+
+                    tg.start_soon(on_signal)
+                    tg.start_soon(runtime.timers.run)
+                    await acp.run_agent(bridge, writer, reader)  # returns at end of input
+                    tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await provider.aclose()
+
+        anyio.run(main)
+    finally:
+        store.close()
+    return 0

