@@ -107,7 +107,7 @@ def main(argv=None) -> int:
 
     # -- idle -----------------------------------------------------------------
     log(f"idle (realtime, {mode['tail']} s silent tail):")
-    idl = idle.measure(work / "idle", tail=mode["tail"])
+    idl = idle.measure(work / "idle", tail=mode["tail"], stt_model="tiny.en" if name == "smoke" else None)
     result["idle"] = idl
     log(f"  {idl}")
 

@@ -241,9 +241,11 @@ async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
         dev.buffer.enqueue(i, s)
         reference.enqueue(i, s)
     mic: list[bytes] = []
+    echo_reference: list[bytes] = []
 
-    async def on_mic(data: bytes) -> None:
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
         mic.append(data)
+        echo_reference.append(reference)
 
     await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 40)
     [stream] = sd.streams
@@ -260,6 +262,8 @@ async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(out[:4277], np.concatenate(speech))
     assert not out[4277:].any()
+    # the echo canceller's reference is exactly what was handed to the device, in step with the mic
+    np.testing.assert_array_equal(np.frombuffer(b"".join(echo_reference), np.int16), out)
     assert dev.buffer.position == 40 * 320
     assert dev.buffer.starts == [0, 1000, 3500]
 
@@ -283,7 +287,7 @@ async def test_a_requested_clear_takes_effect_in_the_next_callback(fake_sd):
     speech = np.arange(1, 10001, dtype=np.int16)  # 10000 non-zero samples: would last 31 blocks
     dev.buffer.enqueue("s", speech)
 
-    async def on_mic(data: bytes) -> None:
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
         pass
 
     async with anyio.create_task_group() as tg:
@@ -320,7 +324,7 @@ async def test_48k_mic_is_resampled_to_16k_and_output_latency_comes_from_the_out
     dev.buffer.enqueue("s", speech)
     mic: list[bytes] = []
 
-    async def on_mic(data: bytes) -> None:
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
         assert isinstance(data, bytes)
         mic.append(data)
 
@@ -353,7 +357,7 @@ async def test_duplex_at_48k_resamples_the_mic_and_reports_latency_at_48k(fake_s
     dev = LiveDevice()
     mic: list[bytes] = []
 
-    async def on_mic(data: bytes) -> None:
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
         mic.append(data)
 
     await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 30)
@@ -376,7 +380,7 @@ async def test_output_latency_is_rounded_not_truncated(fake_sd):
     sd = fake_sd(16000.0, 16000.0, blocks=3, out_latency=1001 / 16000)
     dev = LiveDevice()
 
-    async def on_mic(data: bytes) -> None:
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
         pass
 
     await run_until(dev, sd, on_mic, lambda: all_streams_done(sd))
@@ -391,7 +395,7 @@ async def test_cancelling_run_stops_and_closes_streams_while_they_still_run(fake
     dev = LiveDevice()
     mic: list[bytes] = []
 
-    async def on_mic(data: bytes) -> None:
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
         mic.append(data)
 
     await run_until(dev, sd, on_mic, lambda: len(mic) == 3)

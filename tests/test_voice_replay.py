@@ -99,12 +99,26 @@ def heard_in_played(out: Path, turn: dict) -> str:
     return " ".join(w for w, _, w_end in whisper().words(audio) if w_end <= cut + 0.02)
 
 
+def cut_error(heard: list[str], delivered: list[str]) -> int | None:
+    """Words heard after the delivered prefix's end (negative: fewer): the
+    error at the cut, found by anchoring on the last delivered word (or the
+    one before it, if the transcriber misheard the last)."""
+    for k in (1, 2):
+        if len(delivered) >= k:
+            found = [i for i, h in enumerate(heard) if h == delivered[-k]]
+            if found:
+                return (len(heard) - 1 - found[-1]) - (k - 1)
+    return None
+
+
 def assert_heard_matches_delivered(out: Path, turn: dict) -> None:
-    """I1 within one word at the cut: the transcriber hears as many words as
-    were delivered (±1), and the same words (it may mishear a few)."""
+    """I1 within one word at the cut: what the transcriber hears ends where
+    the delivered prefix ends (±1 word), and it hears the same words (it may
+    mishear a few elsewhere)."""
     heard, delivered = words(heard_in_played(out, turn)), words(turn["delivered_text"])
     assert delivered, "nothing was delivered"
-    assert abs(len(heard) - len(delivered)) <= 1, f"heard {heard} but delivered {delivered}"
+    error = cut_error(heard, delivered)
+    assert error is not None and -1 <= error <= 1, f"heard {heard} but delivered {delivered}"
     assert common_in_order(heard, delivered) >= 0.75 * len(delivered), f"heard {heard} but delivered {delivered}"
 
 
@@ -272,3 +286,56 @@ def test_completion_phrases_play_only_after_confirmed_receipts(replays):
     assert receipts == ["confirmed", "unknown"]
     assert len(withheld) == 1 and "cloud" in withheld[0].payload["content"][0]["text"]
     assert "cloud" not in json.dumps(history)
+
+
+# -- #7: laptop speakers: echo cancellation, barge-in that confirms or resumes --
+
+
+def _speech_events(out: Path, type_: str) -> list:
+    store = EventStore(out / "events.db")
+    try:
+        return [e for e in store.events() if e.type == type_]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("name", ["echo_only_1", "echo_only_2", "echo_only_3"])
+def test_own_echo_never_stops_the_reply(replays, name):
+    """The reply returns through a laptop-like echo path (delay 40-250 ms,
+    -6..-15 dB, reverb on/off) while the person is silent: it plays to the
+    end and nothing is cancelled."""
+    out = replays(name)
+    (turn,) = summary(out)["turns"]
+    assert turn["status"] == ev.COMPLETED and not turn["interrupted"], turn
+    assert turn["delivered_text"] == turn["generated_text"]
+    paused, resumed = _speech_events(out, ev.SPEECH_PAUSED), _speech_events(out, ev.SPEECH_RESUMED)
+    # Zero barge-ins everywhere. The loudest path (-6 dB, RT60 0.5 s) leaked
+    # one pause (then resumed) in about 1 run of 4 while AEC3 converged.
+    assert len(paused) <= (1 if name == "echo_only_3" else 0) and len(resumed) == len(paused)
+
+
+def test_without_echo_cancellation_it_cuts_itself_off(replays):
+    """The same echo with AEC off: the self-interruption the feature prevents."""
+    out = replays("echo_no_aec")
+    turns = summary(out)["turns"]
+    assert turns[0]["status"] == ev.ABORTED and turns[0]["delivered_text"] != turns[0]["generated_text"]
+    assert len(turns) > 1  # its own words came back as "user" utterances
+    assert summary(out)["device"]["echo_cancellation"] is False
+
+
+def test_a_real_barge_in_still_cuts_through_the_echo(replays):
+    out = replays("echo_barge_in")
+    cut, nxt = summary(out)["turns"]
+    assert cut["status"] == ev.ABORTED and 0 < cut["ack_ms"] <= 400
+    assert_heard_matches_delivered(out, cut)
+    assert nxt["status"] == ev.COMPLETED
+
+
+def test_backchannel_and_cough_pause_then_resume_without_losing_a_word(replays):
+    out = replays("backchannel")
+    (turn,) = summary(out)["turns"]  # neither sound became a turn
+    assert turn["status"] == ev.COMPLETED and turn["delivered_text"] == turn["generated_text"]
+    paused, resumed = _speech_events(out, ev.SPEECH_PAUSED), _speech_events(out, ev.SPEECH_RESUMED)
+    assert len(paused) == 2 and len(resumed) == 2
+    # played.wav holds the whole reply, every word (the pauses only inserted silence)
+    assert_heard_matches_delivered(out, turn)

@@ -53,7 +53,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     from voice.audio.wav import write_wav
     from voice.log.store import EventStore, new_conversation_id
     from voice.speech.models import ModelMissing
-    from voice.speech.session import VadSettings, VoiceSession
+    from voice.speech.session import BargeInSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
 
@@ -76,6 +76,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
         raise UsageError(str(exc)) from None
     store = EventStore(out / "events.db")
     session: VoiceSession | None = None
+    aec_on = scenario.echo_cancellation if scenario.echo_cancellation is not None else config["audio"]["echo_cancellation"]
+    echo = _load_echo() if aec_on else None
 
     async def announce(text: str) -> None:
         if session is not None:
@@ -89,7 +91,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     session = VoiceSession(
         store=store, provider=provider, tools=runtime.tools, settings=loop_settings(config),
         conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
-        vad=VadSettings(**config["vad"]), tool_env=runtime.env, timers=runtime.timers,
+        vad=VadSettings(**config["vad"]), tool_env=runtime.env, timers=runtime.timers, echo=echo,
+        barge_in=BargeInSettings(**config["barge_in"]),
     )
     started = time.perf_counter()
     if realtime:
@@ -105,6 +108,15 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
         (out / "requests.json").write_text(json.dumps([list(r.messages) for r in provider.requests], indent=1) + "\n")
     store.close()
     return summary
+
+
+def _load_echo():
+    from voice.audio.echo import EchoCanceller, EchoUnavailable
+
+    try:
+        return EchoCanceller()
+    except EchoUnavailable as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _scenario_tool(spec):
@@ -155,6 +167,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
     return {
         "turns": turns,
         "device": {
+            "echo_cancellation": session.echo is not None,
             "duration_s": duration,
             "wall_s": round(wall, 2),
             "speedup": round(duration / wall, 2) if wall else None,

@@ -1,8 +1,10 @@
 """The one interface both audio devices implement.
 
-A device is duplex: every block it reads from the microphone (16 kHz mono
-int16) it hands to `on_mic`, and every block it writes to the speaker it
-`pull`s from its `PlaybackBuffer`, which keeps the playback cursor.
+A device is duplex: every block it writes to the speaker it `pull`s from
+its `PlaybackBuffer` (which keeps the playback cursor), and every block it
+reads from the microphone (16 kHz mono int16) it hands to
+`on_mic(mic, reference)` together with what it played meanwhile, resampled
+to 16 kHz: the echo canceller's reference, tapped at write time.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 from voice.audio.playback import PlaybackBuffer
 
 MIC_RATE = 16000
-OnMic = Callable[[bytes], Awaitable[None]]
+OnMic = Callable[[bytes, bytes], Awaitable[None]]
 
 
 class AudioDevice(Protocol):

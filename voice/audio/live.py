@@ -2,7 +2,13 @@
 
 The callback pulls exactly the samples it hands to the device from the
 playback buffer (so the cursor is exact) and performs a requested clear
-there. Played time = cursor minus the stream's reported output latency.
+there. Played time = cursor minus the output latency, which is taken from
+the last output callback's own timestamps (PortAudio's DAC time for that
+block) and the time elapsed since: measured on PipeWire, that puts the
+cursor within 2 ms of the sound leaving (p95), where the stream's static
+`latency` put it 14 ms ahead on average and up to 25 ms (it counts from the
+block's first sample, and the cursor stands still between callbacks;
+benchmarks/live.py). The static figure is only the fallback.
 Mic blocks leave the callback through a bounded queue (never blocking it)
 and are resampled to 16 kHz mono with soxr on the event loop side.
 """
@@ -10,6 +16,8 @@ and are resampled to 16 kHz mono with soxr on the event loop side.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import anyio
@@ -31,7 +39,8 @@ class LiveDevice:
     block_ms: int = 20
     buffer: PlaybackBuffer = field(init=False)
     dropped_blocks: int = 0
-    _latency_s: float = 0.0
+    _latency_s: float = 0.0  # the stream's reported output latency: the fallback
+    _last_block: tuple[float, float, int] | None = None  # (monotonic time, DAC delay s, frames) of the last output
     _in_rate: int = MIC_RATE
     _out_rate: int = MIC_RATE
     _names: tuple[str, str] = ("", "")
@@ -58,7 +67,11 @@ class LiveDevice:
         return self._out_rate
 
     def output_latency(self) -> int:
-        return round(self._latency_s * self._out_rate)
+        """Samples handed to the device that have not left it yet, now."""
+        if self._last_block is None:  # no callback timing yet (or any more), or the host API gives none
+            return round(self._latency_s * self._out_rate)
+        called, delay, frames = self._last_block
+        return unplayed(frames, delay, time.monotonic() - called, self._out_rate)
 
     def describe(self) -> str:
         return f"mic {self._names[0]!r} @ {self._in_rate} Hz, speaker {self._names[1]!r} @ {self._out_rate} Hz"
@@ -77,8 +90,15 @@ class LiveDevice:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # shutting down: the reader is gone
 
+        played: deque[np.ndarray] = deque()  # the echo reference, appended at write time
+
         def on_output(outdata, frames, time_info, status) -> None:
+            # Stamped before the pull: a reader that pairs it with the position before the pull
+            # counts a block less as heard, never more.
+            delay = time_info.outputBufferDacTime - time_info.currentTime
+            self._last_block = (time.monotonic(), delay, frames) if 0 < delay < 1 else None
             outdata[:, 0] = self.buffer.pull(frames)
+            played.append(outdata[:, 0].copy())
 
         def on_input(indata, frames, time_info, status) -> None:
             loop.call_soon_threadsafe(put, indata[:, 0].copy())
@@ -101,6 +121,8 @@ class LiveDevice:
             ]
             latency = lambda: streams[1].latency  # noqa: E731
         resampler = soxr.ResampleStream(self._in_rate, MIC_RATE, 1, dtype="int16") if self._in_rate != MIC_RATE else None
+        ref_resampler = (soxr.ResampleStream(self._out_rate, MIC_RATE, 1, dtype="int16")
+                         if self._out_rate != MIC_RATE else None)
         try:
             for s in streams:
                 s.start()
@@ -109,8 +131,18 @@ class LiveDevice:
                 async for block in receive:
                     if resampler is not None:
                         block = resampler.resample_chunk(block)
-                    await on_mic(block.tobytes())
+                    reference = np.concatenate([played.popleft() for _ in range(len(played))] or [np.zeros(0, np.int16)])
+                    if ref_resampler is not None:
+                        reference = ref_resampler.resample_chunk(reference)
+                    await on_mic(block.tobytes(), reference.tobytes())
         finally:
             for s in streams:
                 s.stop()
                 s.close()
+            self._last_block = None
+
+
+def unplayed(frames: int, dac_delay_s: float, since_s: float, rate: int) -> int:
+    """Samples not yet out of the device, `since_s` after a callback handed it
+    `frames` whose first sample PortAudio said would play `dac_delay_s` later."""
+    return max(0, round(frames + (dac_delay_s - since_s) * rate))

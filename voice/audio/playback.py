@@ -40,6 +40,11 @@ class PlaybackBuffer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _clear_requested: bool = False
     _drop_requested: set = field(default_factory=set)
+    _pause_requested: bool | None = None  # True: pause, False: resume, at the next pull
+    paused: bool = False
+    #: device positions at which output was paused / resumed (barge-in that may be confirmed)
+    pauses: list[int] = field(default_factory=list)
+    resumes: list[int] = field(default_factory=list)
     position: int = 0
     #: device positions at which a requested clear was carried out
     clears: list[int] = field(default_factory=list)
@@ -59,6 +64,16 @@ class PlaybackBuffer:
         with self._lock:
             self._clear_requested = True
 
+    def request_pause(self) -> None:
+        """Stop handing speech to the device at the next pull, keeping the
+        queue and every chunk's place: resume plays on from the same sample."""
+        with self._lock:
+            self._pause_requested = True
+
+    def request_resume(self) -> None:
+        with self._lock:
+            self._pause_requested = False
+
     def request_drop(self, keys: set[Hashable]) -> None:
         """Drop these chunks (what is not yet handed over), at the next pull."""
         with self._lock:
@@ -74,13 +89,19 @@ class PlaybackBuffer:
                 self._queue.clear()
                 self._clear_requested = False
                 self.clears.append(self.position)
+            if self._pause_requested is not None:
+                if self._pause_requested and not self.paused:
+                    self.pauses.append(self.position)
+                elif not self._pause_requested and self.paused:
+                    self.resumes.append(self.position)
+                self.paused, self._pause_requested = self._pause_requested, None
             if self._drop_requested:
                 for chunk in self._queue:
                     chunk.dropped = chunk.dropped or chunk.key in self._drop_requested
                 self._queue = deque(c for c in self._queue if not c.dropped)
                 self._drop_requested = set()
             filled = 0
-            while filled < n and self._queue:
+            while filled < n and self._queue and not self.paused:
                 chunk = self._queue[0]
                 if chunk.start is None:
                     chunk.start = self.position + filled

@@ -8,6 +8,11 @@ same sample clock as `mic`. Output latency is zero by construction.
 User clips are placed on that clock as the scenario says; a barge-in clip
 is placed so that its speech onset (first loud sample) falls exactly
 `barge_in_after` seconds after the previous reply's first played sample.
+
+With an `[echo]` path, what the speaker played returns into the mic:
+delayed, attenuated, optionally reverberated (an exponentially decaying
+noise tail with the given RT60) and with a noise floor, as laptop speakers
+and a built-in microphone would.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 
 from voice.audio.device import MIC_RATE, OnMic
 from voice.audio.playback import PlaybackBuffer
-from voice.audio.scenario import Scenario, UserClip
+from voice.audio.scenario import EchoPath, Scenario, UserClip
 
 BLOCK = 320  # 20 ms at 16 kHz
 
@@ -53,6 +58,11 @@ class ReplayDevice:
     played_blocks: list[np.ndarray] = field(default_factory=list)
     tick_lateness: list[float] = field(default_factory=list)
     gave_up: str | None = None
+    _echo: "_EchoPath | None" = None
+
+    def __post_init__(self) -> None:
+        if self.scenario.echo is not None:
+            self._echo = _EchoPath(self.scenario.echo)
 
     @property
     def out_rate(self) -> int:
@@ -77,9 +87,11 @@ class ReplayDevice:
         deadline = time.monotonic()
         while self.hold or self.position < limit:
             self._place_next()
+            played = self.buffer.pull(BLOCK)  # what the speaker plays during this block
             mic = self._mix(self.position, BLOCK)
-            await on_mic(mic.tobytes())
-            played = self.buffer.pull(BLOCK)
+            if self._echo is not None:
+                mic = self._echo.add(played, mic)
+            await on_mic(mic.tobytes(), played.tobytes())
             if not self.hold:  # a daemon may run for days: keep no recording
                 self.played_blocks.append(played)
                 self.mic_blocks.append(mic)
@@ -122,4 +134,31 @@ class ReplayDevice:
             lo, hi = max(start, p.start), min(start + n, p.end)
             if lo < hi:
                 out[lo - start : hi - start] += p.clip.audio[lo - p.start : hi - p.start]
+        return np.clip(out, -32768, 32767).astype(np.int16)
+
+
+class _EchoPath:
+    """Speaker -> room -> mic, block by block (a causal FIR on the played signal)."""
+
+    def __init__(self, spec: EchoPath, seed: int = 1):
+        rng = np.random.default_rng(seed)
+        delay = int(spec.delay_ms * MIC_RATE / 1000)
+        gain = 10 ** (spec.gain_db / 20)
+        tail = int(spec.reverb_s * MIC_RATE)
+        ir = np.zeros(delay + max(tail, 1))
+        ir[delay] = 1.0
+        if tail:  # a decaying noise tail (RT60 = reverb_s) carrying half the direct path's energy
+            t = np.arange(1, tail) / MIC_RATE
+            decay = rng.standard_normal(tail - 1) * np.exp(-6.9 * t / spec.reverb_s)
+            ir[delay + 1 : delay + tail] = decay * np.sqrt(0.5 / np.sum(decay**2))
+        self.ir = gain * ir
+        self.history = np.zeros(len(self.ir) - 1)
+        self.noise = 32768 * 10 ** (spec.noise_db / 20)
+        self.rng = rng
+
+    def add(self, played: np.ndarray, mic: np.ndarray) -> np.ndarray:
+        x = np.concatenate([self.history, played.astype(np.float64)])
+        echo = np.convolve(x, self.ir, mode="valid")
+        self.history = x[len(played):]
+        out = mic.astype(np.float64) + echo + self.noise * self.rng.standard_normal(len(mic))
         return np.clip(out, -32768, 32767).astype(np.int16)

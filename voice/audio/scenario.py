@@ -15,6 +15,11 @@ A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
 waits `wait_s` seconds and returns `result`: a stand-in for a slow external
 tool, so a scenario can talk over the assistant while it waits.
 
+An `[echo]` table (delay_ms, gain_db, reverb_s = RT60 in seconds (0: none),
+noise_db) mixes what the speaker plays back into the mic, as laptop
+speakers do. Without it nothing leaks. `[listen] echo_cancellation = false`
+turns the canceller off for a scenario (to show what it prevents).
+
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
 """
@@ -30,7 +35,8 @@ import numpy as np
 from voice.agent.providers.scripted import ScriptedReply, load_script, parse_replies
 from voice.audio.wav import read_mono16k
 
-_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model"}
+_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen"}
+_ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect"}
 _USER = {"audio", "at", "barge_in_after", "after_reply"}
 _WHEN = ("at", "barge_in_after", "after_reply")
@@ -58,6 +64,14 @@ class ScenarioTool:
 
 
 @dataclass(frozen=True)
+class EchoPath:
+    delay_ms: float = 60.0
+    gain_db: float = -10.0
+    reverb_s: float = 0.0
+    noise_db: float = -90.0
+
+
+@dataclass(frozen=True)
 class Scenario:
     path: Path
     users: tuple[UserClip, ...]
@@ -67,6 +81,8 @@ class Scenario:
     max_duration: float = 180.0
     stt_model: str | None = None
     tools: tuple[ScenarioTool, ...] = ()
+    echo: EchoPath | None = None
+    echo_cancellation: bool | None = None  # None: the config decides
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:
@@ -119,5 +135,14 @@ def load_scenario(path: str | Path) -> Scenario:
             raise ValueError(f"scenario {path}: [[tool]] {n} needs a name and allows only {sorted(_TOOL)}")
         tools.append(ScenarioTool(str(t["name"]), float(t.get("wait_s", 0)), str(t.get("result", "")),
                                   str(t.get("effect", "read"))))
+    echo = None
+    if "echo" in data:
+        if not isinstance(data["echo"], dict) or set(data["echo"]) - _ECHO:
+            raise ValueError(f"scenario {path}: [echo] allows only {sorted(_ECHO)}")
+        echo = EchoPath(**{k: float(v) for k, v in data["echo"].items()})
+    listen = data.get("listen", {})
+    if not isinstance(listen, dict) or set(listen) - {"echo_cancellation"}:
+        raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation")
     return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
-                    float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools))
+                    float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools), echo,
+                    listen.get("echo_cancellation"))

@@ -24,6 +24,8 @@ TOOL_DISPATCH: Final = "tool/dispatch"
 TOOL_RESULT: Final = "tool/result"
 EFFECT_RECEIPT: Final = "effect/receipt"
 SPEECH_PLAYED: Final = "speech/played"
+SPEECH_PAUSED: Final = "speech/paused"  # speech onset paused the output; not yet a stop
+SPEECH_RESUMED: Final = "speech/resumed"  # it was not a barge-in: playback went on
 LATE_OUTPUT: Final = "late/output"
 CONVERSATION_FORK: Final = "conversation/fork"
 TIMER_SET: Final = "timer/set"
@@ -36,7 +38,7 @@ EVENT_TYPES: Final = frozenset(
     {
         TURN_START, USER_MESSAGE, STEP_START, STEP_END, ASSISTANT_STREAM,
         ASSISTANT_MESSAGE, ASSISTANT_ATTEMPT, REQUEST_ERROR, TOOL_CALL,
-        TOOL_DISPATCH, TOOL_RESULT, EFFECT_RECEIPT, SPEECH_PLAYED, LATE_OUTPUT,
+        TOOL_DISPATCH, TOOL_RESULT, EFFECT_RECEIPT, SPEECH_PLAYED, SPEECH_PAUSED, SPEECH_RESUMED, LATE_OUTPUT,
         CONVERSATION_FORK, TURN_END, TIMER_SET, TIMER_CANCEL, TIMER_FIRED, RECOVERY,
     }
 )

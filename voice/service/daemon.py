@@ -65,7 +65,7 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
     from voice.runtime import build_runtime, loop_settings, start
     from voice.service.control import ControlServer
     from voice.speech.models import ModelMissing
-    from voice.speech.session import VadSettings, VoiceSession
+    from voice.speech.session import BargeInSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
 
@@ -87,6 +87,14 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
             await session.surface.notice(text)
 
     runtime = build_runtime(config, store, announce)
+    echo = None
+    if config["audio"]["echo_cancellation"]:
+        from voice.audio.echo import EchoCanceller, EchoUnavailable
+
+        try:
+            echo = EchoCanceller()
+        except EchoUnavailable as exc:  # run without it, but say so: laptop speakers will cut replies short
+            print(f"voice: warning: {exc}; use a headset", file=sys.stderr, flush=True)
     shutdown_s = config["service"]["shutdown_s"]
 
     async def main() -> None:
@@ -100,7 +108,8 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
             store=store, provider=provider, tools=runtime.tools, settings=loop_settings(config),
             conversation=store.latest_conversation() or new_conversation_id(),
             device=device, stt=stt, tts=tts, vad=VadSettings(**config["vad"]),
-            tool_env=runtime.env, timers=runtime.timers, shutdown_s=shutdown_s,
+            barge_in=BargeInSettings(**config["barge_in"]),
+            tool_env=runtime.env, timers=runtime.timers, shutdown_s=shutdown_s, echo=echo,
         )
         control = ControlServer(session, config)
         async with anyio.create_task_group() as tg:

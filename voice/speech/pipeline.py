@@ -65,6 +65,7 @@ class SpeechAudioFrame(DataFrame):
 
 class ListenEvents(Protocol):
     async def user_started(self, onset: int) -> bool: ...
+    async def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
     async def user_text(self, frame: UserTextFrame) -> None: ...
     def late(self, kind: str, ref, info: dict) -> None: ...
 
@@ -104,13 +105,16 @@ class ListenProcessor(FrameProcessor):
             self._preroll.popleft()
         if self.speaking:
             self._utterance += audio
+        voiced = state in (VADState.STARTING, VADState.SPEAKING)
         if not self.speaking and state == VADState.SPEAKING:
             self.speaking = True
             self._onset = max(0, self.position + n - self._start_samples)
             self._utterance = bytearray(b"".join(self._preroll))
             await self.push_frame(UserStartedSpeakingFrame())
-            if await self._events.user_started(self._onset):
-                await self.push_frame(InterruptionFrame())
+            await self._events.user_started(self._onset)
+        # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
+        if await self._events.barge_in_block(n, voiced, self.position + n):
+            await self.push_frame(InterruptionFrame())
         elif self.speaking and state == VADState.QUIET:
             self.speaking = False
             utterance = UtteranceFrame(audio=bytes(self._utterance), start=self._onset, end=self.position + n)

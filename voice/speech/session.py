@@ -39,6 +39,7 @@ from voice.speech.pipeline import (
     TranscribeProcessor,
     UserTextFrame,
 )
+from voice.speech.barge_in import BargeInJudge
 from voice.speech.stt import SttEngine
 from voice.speech.surface import VoiceSurface
 from voice.speech.tts import TtsEngine
@@ -47,9 +48,15 @@ from voice.speech.tts import TtsEngine
 @dataclass(frozen=True)
 class VadSettings:
     confidence: float = 0.7
-    start_secs: float = 0.1
+    start_secs: float = 0.05
     stop_secs: float = 0.6
-    min_volume: float = 0.6
+    min_volume: float = 0.4
+
+
+@dataclass(frozen=True)
+class BargeInSettings:
+    confirm_ms: float = 500.0
+    resume_ms: float = 2000.0
 
 
 @dataclass
@@ -90,6 +97,8 @@ class VoiceSession:
     vad: VadSettings = field(default_factory=VadSettings)
     tool_env: ToolEnv | None = None
     shutdown_s: float = 5.0
+    echo: Any = None  # an EchoCanceller, applied to the mic before the VAD
+    barge_in: "BargeInSettings" = field(default_factory=lambda: BargeInSettings())
     timers: Any = None  # a TimerService, announced through this session's voice
     transcript: Callable[[str], None] = lambda line: print(line, flush=True)
     turns: list[TurnInfo] = field(default_factory=list)
@@ -111,6 +120,8 @@ class VoiceSession:
         self.agent = AgentLoop(self.store, self.provider, self.surface, self.conversation, self.tools, self.settings,
                                self.tool_env)
         self._send, self._receive = anyio.create_memory_object_stream[_Request](16)
+        self.judge = BargeInJudge(self.barge_in.confirm_ms, self.barge_in.resume_ms)
+        self._pause_turn: int | None = None
         self._waiting = 0  # utterances recognised but whose turn has not ended
 
     # -- lifecycle ---------------------------------------------------------
@@ -125,7 +136,11 @@ class VoiceSession:
         runner = WorkerRunner(handle_sigint=False)
         await runner.add_workers(worker)
 
-        async def on_mic(block: bytes) -> None:
+        async def on_mic(block: bytes, reference: bytes) -> None:
+            if self.echo is not None:
+                block = self.echo.process(block, reference)
+                if not block:
+                    return
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
 
         runner_done = anyio.Event()
@@ -161,18 +176,51 @@ class VoiceSession:
 
     # -- events from the pipeline -----------------------------------------
 
-    async def user_started(self, onset: int) -> bool:
-        """Speech onset. Returns True when it is a barge-in (the pipeline
+    async def user_started(self, onset: int) -> None:
+        """Speech onset while the assistant is busy: pause the output at once
+        (the acknowledgement); the judge then confirms or resumes."""
+        if self.judge.pending or not (self.agent.busy or self.surface.playing()):
+            return
+        self.judge.start(onset)
+        self.device.buffer.request_pause()
+        self._pause_turn = self.agent.current_turn
+        self._log_speech(ev.SPEECH_PAUSED, {"onset": onset})
+
+    async def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool:
+        """Returns True when the pending barge-in was confirmed (the pipeline
         then pushes an InterruptionFrame)."""
-        if not (self.agent.busy or self.surface.playing()):
+        onset = self.judge.onset
+        verdict = self.judge.feed(samples, voiced, position)
+        return await self._settle(verdict, onset, "voiced speech" if verdict == "confirm" else "no speech followed")
+
+    async def _settle(self, verdict: str | None, onset: int | None, reason: str) -> bool:
+        if verdict is None or onset is None:
+            return False
+        if verdict == "resume":
+            self.device.buffer.request_resume()
+            self._log_speech(ev.SPEECH_RESUMED, {"onset": onset, "reason": reason})
             return False
         if self.agent.busy and self.turns:
             self.turns[-1].barge_in_onset = onset  # turns run one at a time: the last is the running one
         self.agent.cancel()
         self.device.buffer.request_clear()
+        self.device.buffer.request_resume()  # the clear comes first in the same pull: nothing old plays
         return True
 
+    def _log_speech(self, type_: str, payload: dict[str, Any]) -> None:
+        turn = self._pause_turn
+        self.store.append(self.conversation, type_, payload, turn=turn)
+
     async def user_text(self, frame: UserTextFrame) -> None:
+        if self.judge.pending and frame.start == self.judge.onset:
+            # The utterance that paused the output ended before the judge
+            # decided: its words decide. A backchannel is not a request.
+            onset = self.judge.onset
+            verdict = self.judge.heard(frame.text, self.surface.speaking_text())
+            if await self._settle(verdict, onset, f"heard {frame.text!r}"):
+                await self.listen.push_frame(InterruptionFrame())
+            if verdict == "resume":
+                return
         self.transcript(f"you: {frame.text}")
         self._waiting += 1
         await self._send.send(_Request(frame.text, "voice", frame.start, frame.end, frame.stt_s))
@@ -234,8 +282,9 @@ class VoiceSession:
     async def _turn(self, text: str, source: str, info: TurnInfo):
         result = await self.agent.run_turn(text, source=source)
         info.turn = result.turn
-        if info.barge_in_onset is not None:
-            info.clear_position = next((c for c in self.device.buffer.clears if c >= info.barge_in_onset), None)
+        if info.barge_in_onset is not None:  # the acknowledgement: output paused (or cleared) after the onset
+            marks = sorted(self.device.buffer.pauses + self.device.buffer.clears)
+            info.clear_position = next((c for c in marks if c >= info.barge_in_onset), None)
         return result
 
     def speech_span(self, turn: int) -> tuple[int, int] | None:

@@ -156,6 +156,10 @@ class VoiceSurface:
         self.buffer.enqueue(sentence.key, audio.samples)
         return True
 
+    def speaking_text(self) -> str:
+        """The text of the replies still current (what the speaker is saying)."""
+        return " ".join(u.text for u in self._units.values() if u.current)
+
     def playing(self) -> bool:
         return self.buffer.pending()
 

@@ -1,0 +1,216 @@
+"""Live figures, on virtual PipeWire devices (tests/live/audio_server.py):
+
+    python benchmarks/live.py [--clicks 10] [--conversations 3] [--idle 20] [--json OUT]
+
+- output delay: the real LiveDevice stream plays a click every 0.5 s while
+  `speaker.monitor` is recorded with every chunk stamped on the monotonic
+  clock; the delay from the callback that handed a block to the device to
+  that block's first sample on the monitor (median over the clicks), against
+  what sounddevice reports (the stream's static `latency`, and PortAudio's
+  per-callback DAC time). Meanwhile the playback cursor is read at random
+  moments as VoiceSurface reads it (position - output_latency()) and
+  compared with the sample actually reaching the monitor then: the cursor
+  error with LiveDevice's correction and with the static figure.
+- live acknowledgement: `voice run` with the scripted barge-in conversation
+  (tests/live/conversation.py); the barge-in's onset in the mic feed to the
+  last sample of the cut reply on `speaker.monitor`.
+- idle CPU of `voice run` listening to silence on the virtual devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from live.audio_server import AudioServer, ensure_packages  # noqa: E402
+from live.conversation import LiveDaemon, converse, cpu_seconds  # noqa: E402
+
+
+def log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def pctl(values, q: float) -> float:
+    return float(np.percentile(np.asarray(values, float), q))
+
+
+# -- output delay and the cursor ------------------------------------------------------------
+
+
+def output_delay(server: AudioServer, clicks: int) -> dict:
+    """In this process: the device must be opened with the server's
+    environment, which PortAudio reads when sounddevice is first imported."""
+    os.environ.update(server.env)
+    import anyio
+
+    from voice.audio.live import LiveDevice
+
+    dev = LiveDevice()
+    rate = dev.out_rate
+    rec = server.record("speaker.monitor", rate=rate)
+    pulls: list[tuple[float, int, int, float | None]] = []  # (called, position after, frames, PortAudio DAC delay)
+    pull = dev.buffer.pull
+
+    def stamped_pull(n: int):
+        called = time.monotonic()
+        out = pull(n)
+        block = dev._last_block  # set by the same callback, just before the pull
+        pulls.append((called, dev.buffer.position, n, block[1] if block else None))
+        return out
+
+    dev.buffer.pull = stamped_pull  # the callback's pull, timed
+    cursor: list[tuple[float, int, int]] = []  # (time, position, output_latency()) as the surface reads them
+    starts: list[int] = []
+
+    async def main() -> None:
+        async def on_mic(*blocks: bytes) -> None:
+            pass
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(dev.run, on_mic)
+            await anyio.sleep(1.0)
+            for i in range(clicks):
+                click = np.zeros(rate // 10, np.int16)
+                click[:20] = 20000
+                dev.buffer.enqueue(("click", i), click)
+                until = time.monotonic() + 0.5
+                while time.monotonic() < until:
+                    cursor.append((time.monotonic(), dev.buffer.position, dev.output_latency()))
+                    await anyio.sleep(random.uniform(0.001, 0.007))
+                span = dev.buffer.span(("click", i))
+                starts.append(span[0] if span else -1)
+            await anyio.sleep(0.3)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    rec.stop()
+    reported_s = dev._latency_s
+    x = rec.samples()
+    onsets = list(np.flatnonzero((np.abs(x[1:]) > 10000) & (np.abs(x[:-1]) <= 10000)) + 1)
+    if len(onsets) != clicks:
+        raise RuntimeError(f"{len(onsets)} clicks on the monitor, {clicks} played")
+    delays, pa_delays, err_dyn, err_static = [], [], [], []
+    for start, onset in zip(starts, onsets):
+        appeared = rec.time_of(onset)
+        called, after, n, pa = next(p for p in pulls if p[1] - p[2] <= start < p[1])
+        first = appeared - (start - (after - n)) / rate  # when the block's first sample reached the monitor
+        delays.append((first - called) * 1000)
+        if pa is not None:
+            pa_delays.append(pa * 1000)
+        for t, position, latency in cursor:
+            if abs(t - appeared) < 0.2:  # near this click, where the recording's clock is anchored
+                truth = start + (t - appeared) * rate  # the sample reaching the monitor at t
+                err_dyn.append((position - latency - truth) / rate * 1000)
+                err_static.append((position - round(reported_s * rate) - truth) / rate * 1000)
+    return {
+        "rate": rate,
+        "clicks": clicks,
+        "measured_output_delay_ms_median": statistics.median(delays),
+        "measured_output_delay_ms_range": [min(delays), max(delays)],
+        "reported_latency_ms": reported_s * 1000,
+        "portaudio_dac_delay_ms_median": statistics.median(pa_delays) if pa_delays else None,
+        "portaudio_dac_delay_ms_range": [min(pa_delays), max(pa_delays)] if pa_delays else None,
+        "cursor_error_ms": {
+            name: {"mean": statistics.fmean(e), "abs_mean": statistics.fmean(abs(v) for v in e),
+                   "abs_p95": pctl(np.abs(e), 95), "abs_max": float(np.max(np.abs(e))),
+                   "over_5ms": int(np.sum(np.abs(e) > 5)), "n": len(e)}
+            for name, e in (("livedevice", err_dyn), ("static_reported", err_static))
+        },
+    }
+
+
+# -- the live acknowledgement ------------------------------------------------------------------
+
+
+def live_ack(server: AudioServer, work: Path, n: int) -> dict:
+    acks, after_stop = [], []
+    for i in range(n):
+        c = converse(server, work / f"conversation-{i}")
+        if c.returncode != 0:
+            raise RuntimeError(f"voice run exited {c.returncode}: {c.daemon.log()}")
+        _, onset_t = c.barge_in_onset()
+        _, end_t = c.reply_end(onset_t)
+        events = c.daemon.events()
+        first_turn = min(e.turn for e in events if e.turn is not None)
+        stops = [e.at_mono for e in events if e.turn == first_turn and e.type in ("speech/paused", "turn/end")]
+        acks.append((end_t - onset_t) * 1000)
+        after_stop.append((end_t - min(stops)) * 1000)
+        log(f"conversation {i}: ack {acks[-1]:.0f} ms, last reply sample {after_stop[-1]:+.0f} ms after the log's stop")
+    return {"live_ack_ms": acks, "live_ack_ms_median": statistics.median(acks) if acks else float("nan"),
+            "last_sample_after_logged_stop_ms": after_stop}
+
+
+# -- idle CPU ---------------------------------------------------------------------------------------
+
+
+def idle_cpu(server: AudioServer, work: Path, window: float) -> dict:
+    daemon = LiveDaemon(work / "idle", server)
+    try:
+        daemon.wait_listening()
+        time.sleep(3.0)  # past start-up
+        c0, t0 = cpu_seconds(daemon.proc.pid), time.monotonic()
+        time.sleep(window)
+        c1, t1 = cpu_seconds(daemon.proc.pid), time.monotonic()
+    finally:
+        daemon.stop()
+    return {"idle_cpu_pct": (c1 - c0) / (t1 - t0) * 100, "idle_window_s": t1 - t0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clicks", type=int, default=10)
+    ap.add_argument("--conversations", type=int, default=3)
+    ap.add_argument("--idle", type=float, default=20.0, help="seconds of silence to measure idle CPU over")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--keep", type=Path, help="keep recordings and logs here")
+    args = ap.parse_args()
+    reason = ensure_packages()
+    if reason is not None:
+        log(f"live benchmark: {reason}")
+        return 2
+    work = args.keep or Path(tempfile.mkdtemp(prefix="voice-live-bench-"))
+    with AudioServer() as server:
+        result = output_delay(server, args.clicks)
+        result.update(live_ack(server, work, args.conversations))
+        result.update(idle_cpu(server, work, args.idle))
+    result["machine"] = {"cores": os.cpu_count()}
+    c = result["cursor_error_ms"]
+    rows = [
+        ("output delay, measured (callback -> speaker.monitor, median)", result["measured_output_delay_ms_median"],
+         "range {:.1f}-{:.1f}".format(*result["measured_output_delay_ms_range"])),
+        ("output latency reported by sounddevice (stream.latency)", result["reported_latency_ms"], ""),
+        ("PortAudio per-callback DAC delay (median)", result["portaudio_dac_delay_ms_median"] or float("nan"),
+         "range {:.1f}-{:.1f}".format(*result["portaudio_dac_delay_ms_range"])
+         if result["portaudio_dac_delay_ms_range"] else "not given by this host API"),
+        ("cursor error, LiveDevice correction (mean; abs mean / abs p95)", c["livedevice"]["mean"],
+         f"{c['livedevice']['abs_mean']:.1f} / {c['livedevice']['abs_p95']:.1f}; over 5 ms in "
+         f"{c['livedevice']['over_5ms']} of {c['livedevice']['n']} reads (max {c['livedevice']['abs_max']:.1f})"),
+        ("cursor error, static reported latency (mean; abs mean / abs p95)", c["static_reported"]["mean"],
+         f"{c['static_reported']['abs_mean']:.1f} / {c['static_reported']['abs_p95']:.1f}"),
+        ("live ack: barge-in onset in mic feed -> last reply sample (median)", result["live_ack_ms_median"],
+         "n={} ({})".format(len(result["live_ack_ms"]), ", ".join(f"{a:.0f}" for a in result["live_ack_ms"]))),
+        ("idle CPU of `voice run` on silence (%)", result["idle_cpu_pct"], f"{result['idle_window_s']:.0f} s window"),
+    ]
+    print("| metric | value (ms, or %) | note |\n|---|---|---|")
+    for name, value, note in rows:
+        print(f"| {name} | {value:.1f} | {note} |")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

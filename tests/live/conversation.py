@@ -1,0 +1,226 @@
+"""A live barge-in conversation through `voice run` on the virtual devices,
+recorded on both sides; shared by tests/live/test_live_barge_in.py and
+benchmarks/live.py.
+
+The person asks for three facts (three_points.wav into the mic), the
+scripted model answers at length, and `BARGE_IN_AFTER_S` after the answer's
+first sample reached the speaker the person says "Stop. Tell me something
+else instead." (stop.wav); the short second answer plays to the end. The
+speaker and the mic feed are recorded from their monitors with every chunk
+stamped on the monotonic clock, which is also the clock of the daemon's
+log (`at_mono`), so times from all three can be compared.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .audio_server import AudioServer, Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+AUDIO = ROOT / "tests" / "fixtures" / "audio"
+RATE = 16000
+FRAME = RATE // 100  # 10 ms analysis frames
+LOUD = 200  # a frame whose peak exceeds this holds speech (the virtual speaker's silence is exact zeros)
+
+FIRST = ("First, the sea covers most of the planet. Second, it holds nearly all of the water on Earth. "
+         "Third, its deepest point is almost eleven kilometres down.")
+SECOND = "Of course. Honey never spoils if it is kept sealed."
+SCRIPT = f"""
+[[reply]]
+chunk_delay_ms = 40
+text = "{FIRST}"
+
+[[reply]]
+chunk_delay_ms = 40
+text = "{SECOND}"
+"""
+BARGE_IN_AFTER_S = 3.0  # after the reply's first sample reached the speaker: inside its second sentence
+
+
+class LiveFailure(AssertionError):
+    pass
+
+
+class LiveDaemon:
+    """`voice run --llm scripted:FILE` on the virtual devices with its XDG
+    state, data and config dirs in `tmp`. XDG_RUNTIME_DIR is the audio
+    server's private one (PipeWire's sockets are there), so the control
+    socket is private too."""
+
+    def __init__(self, tmp: Path, audio: AudioServer, script: Path | None = None, *, config: str | None = None):
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.db = tmp / "events.db"
+        self.env = {**audio.env, "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data"),
+                    "XDG_CONFIG_HOME": str(tmp / "config"), "HF_HUB_OFFLINE": "1"}
+        if config is not None:
+            (tmp / "config" / "voice").mkdir(parents=True, exist_ok=True)
+            (tmp / "config" / "voice" / "voice.toml").write_text(config)
+        if script is None:
+            script = tmp / "replies.toml"
+            script.write_text(SCRIPT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "voice", "run", "--db", str(self.db),
+                                      "--llm", f"scripted:{script}"], cwd=ROOT, env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
+                         for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for r in self._readers:
+            r.start()
+
+    @staticmethod
+    def _read(stream, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    def wait(self, condition, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                raise LiveFailure(f"voice run exited ({self.proc.returncode}) while waiting for {what}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise LiveFailure(f"timed out ({timeout:.0f} s) waiting for {what}:\n{self.log()}")
+            time.sleep(0.02)
+
+    def wait_listening(self, timeout: float = 90) -> None:
+        self.wait(lambda: any(line.startswith("listening") for line in self.err), timeout, "the daemon to listen")
+
+    def log(self) -> str:
+        return "stdout:\n" + "\n".join(self.out[-20:]) + "\nstderr:\n" + "\n".join(self.err[-40:])
+
+    def replies(self) -> list[str]:
+        return [line for line in self.out if line.startswith("assistant:")]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        for r in self._readers:
+            r.join(5)
+        return self.proc.returncode
+
+    def events(self):
+        from voice.log.store import EventStore
+
+        store = EventStore(self.db)
+        try:
+            return store.events()
+        finally:
+            store.close()
+
+
+# -- reading the recordings ----------------------------------------------------------
+
+
+def loud_frames(x: np.ndarray) -> np.ndarray:
+    n = len(x) // FRAME
+    return np.abs(x[: n * FRAME].reshape(n, FRAME).astype(np.int32)).max(axis=1) > LOUD
+
+
+def first_loud(x: np.ndarray, start: int = 0) -> int | None:
+    """The start of the first loud frame at or after `start`."""
+    loud = np.flatnonzero(loud_frames(x[start:]))
+    return None if len(loud) == 0 else start + int(loud[0]) * FRAME
+
+
+def end_before_gap(x: np.ndarray, start: int, gap_s: float) -> int | None:
+    """The end of the last loud frame before the first silence of `gap_s`
+    that begins at or after `start`."""
+    loud = loud_frames(x)
+    need = round(gap_s * 100)
+    run = 0
+    for i in range(start // FRAME, len(loud)):
+        run = 0 if loud[i] else run + 1
+        if run == need:
+            return (i - need + 1) * FRAME
+    return None
+
+
+def write_wav(path: Path, x: np.ndarray, rate: int = RATE) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(x.astype(np.int16).tobytes())
+
+
+# -- the conversation ------------------------------------------------------------------------
+
+
+@dataclass
+class Conversation:
+    daemon: LiveDaemon
+    returncode: int
+    speaker: np.ndarray  # 16 kHz, what the virtual speaker played
+    mic: np.ndarray  # 16 kHz, what the virtual mic was fed
+    speaker_rec: Recorder
+    mic_rec: Recorder
+    reply_start: int  # speaker sample: the first reply's first loud frame
+    barge_in_at: float  # monotonic: when stop.wav was started into the mic
+
+    def barge_in_onset(self) -> tuple[int, float]:
+        """The barge-in's first loud frame in the mic feed: (sample, monotonic time)."""
+        onset = first_loud(self.mic, self.mic_rec.index_at(self.barge_in_at))
+        if onset is None:
+            raise LiveFailure("the barge-in never reached the mic feed")
+        return onset, self.mic_rec.time_of(onset)
+
+    def reply_end(self, after_t: float, gap_s: float = 1.0) -> tuple[int, float]:
+        """Where the speaker fell silent (for `gap_s`) after time `after_t`:
+        the end of the cut reply's audio, (sample, monotonic time)."""
+        end = end_before_gap(self.speaker, self.speaker_rec.index_at(after_t), gap_s)
+        if end is None:
+            raise LiveFailure("the speaker never fell silent after the barge-in")
+        return end, self.speaker_rec.time_of(end)
+
+
+def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_AFTER_S,
+             config: str | None = None) -> Conversation:
+    speaker = audio.record("speaker.monitor")
+    mic = audio.record("micfeed.monitor")
+    daemon = LiveDaemon(tmp, audio, config=config)
+    reply_start = barge_in_at = None
+    try:
+        daemon.wait_listening()
+        time.sleep(0.3)
+        asked = audio.play(AUDIO / "three_points.wav")
+        daemon.wait(lambda: first_loud(speaker.samples()) is not None, 30, "the reply on the speaker")
+        reply_start = first_loud(speaker.samples())
+        time.sleep(max(0.0, speaker.time_of(reply_start) + barge_in_after - time.monotonic()))
+        barge_in_at = time.monotonic()
+        stop = audio.play(AUDIO / "stop.wav")
+        daemon.wait(lambda: len(daemon.replies()) >= 2, 40, "the second reply")
+        time.sleep(0.5)  # the transcript line comes once the reply has played out; keep a margin of silence
+        for p in (asked, stop):
+            if p.wait(5) != 0:
+                raise LiveFailure(f"paplay failed: {p.stderr.read()}")
+    finally:
+        speaker.stop()
+        mic.stop()
+        rc = daemon.stop()
+        (tmp / "daemon.log").write_text(daemon.log())
+        write_wav(tmp / "speaker.wav", speaker.samples())
+        write_wav(tmp / "mic.wav", mic.samples())
+    return Conversation(daemon, rc, speaker.samples(), mic.samples(), speaker, mic, reply_start, barge_in_at)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,149 @@
+"""The live path end to end: `voice run` on the real sounddevice stream,
+against virtual PipeWire devices (tests/live/audio_server.py), barge-in
+included (the conversation: tests/live/conversation.py).
+
+The person's voice is played into the virtual microphone; everything the
+speaker plays is recorded from `speaker.monitor`, stamped on the same
+monotonic clock as the daemon's log. The checks are made on that recording,
+independently of the daemon's own account:
+
+- the reply was heard on the speaker (Whisper hears its first words);
+- after the barge-in nothing more of the reply reaches the speaker beyond
+  the device buffer: its audio ends soon after the speech onset in the mic
+  feed, and within the device's latency of the stop the log records;
+- the delivered prefix in the log is what Whisper hears in the recorded
+  reply (±1 word), and nothing after the cut was played;
+- the follow-up request (the history the loop derives from the log) holds
+  exactly that prefix.
+
+Skips, saying why, only where PipeWire cannot be installed or started.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+
+import numpy as np
+import pytest
+
+from voice.log import events as ev
+from voice.log.projections import turn_reply
+from voice.log.store import EventStore
+
+from .audio_server import AudioServer, AudioServerError, ensure_packages
+from .conversation import FIRST, RATE, ROOT, SECOND, converse, first_loud
+
+ACK_MAX_MS = 1000  # speech onset in the mic feed -> the last reply sample on the speaker (measured ~270 ms)
+STOP_SLACK_S = 0.25  # the log's stop -> the last reply sample: the device buffer and a callback (~55 ms), with margin
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def audio():
+    reason = ensure_packages()
+    if reason is not None:
+        pytest.skip(f"live audio: {reason}")
+    try:
+        server = AudioServer().start()
+    except (AudioServerError, OSError) as exc:
+        pytest.skip(f"live audio: cannot start a private PipeWire ({exc})")
+    yield server
+    server.stop()
+
+
+# -- word scoring (as tests/test_voice_replay.py) --------------------------------
+
+
+def words(text: str) -> list[str]:
+    text = text.lower().replace("sea", "c")  # whisper hears "sea" as "C" on this voice
+    return re.findall(r"[a-z0-9']+", text)
+
+
+def common_in_order(a: list[str], b: list[str]) -> int:
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
+    return row[-1]
+
+
+@cache
+def whisper():
+    from voice.speech.stt import WhisperEngine
+
+    return WhisperEngine("base")
+
+
+def heard_words(audio: np.ndarray) -> list[str]:
+    """Whisper's words wholly inside `audio` (padded 0.3 s each side; a word
+    it says ends after the audio does was not heard whole)."""
+    pad = np.zeros(RATE * 3 // 10, np.int16)
+    x = np.concatenate([pad, audio, pad]).astype(np.float32) / 32768
+    cut = (len(pad) + len(audio)) / RATE
+    return words(" ".join(w for w, _, end in whisper().words(x) if end <= cut + 0.02))
+
+
+def test_barge_in_on_the_live_path(audio: AudioServer, tmp_path):
+    whisper()  # load the independent transcriber before the conversation, not during it
+    c = converse(audio, tmp_path)
+    log = c.daemon.log()
+    assert c.returncode == 0, log
+
+    # -- what the log says ----------------------------------------------------------------
+    events = c.daemon.events()
+    turns = [e.turn for e in events if e.type == ev.TURN_START]
+    assert len(turns) == 2, log
+    store = EventStore(c.daemon.db)
+    try:
+        cut, full = (turn_reply(store, events[0].conversation, t) for t in turns)
+    finally:
+        store.close()
+    assert cut.interrupted and cut.outcome == ev.ABORTED, (cut, log)
+    assert {"three", "points"} & set(words(cut.user_text)), cut.user_text
+    assert cut.delivered_text and FIRST.startswith(cut.delivered_text), cut
+    assert len(words(cut.delivered_text)) < len(words(FIRST)), cut
+    assert full.outcome == ev.COMPLETED and full.delivered_text == SECOND, full
+
+    # -- the recording: where the reply played and where it stopped ---------------------------
+    x = c.speaker
+    assert first_loud(x) == c.reply_start
+    onset, onset_t = c.barge_in_onset()
+    end, end_t = c.reply_end(onset_t)
+    assert end_t > onset_t, "the reply had ended before the barge-in: nothing was cut"
+    assert first_loud(x, end + RATE) is not None, "the second reply never reached the speaker"
+    ack_ms = (end_t - onset_t) * 1000
+    assert ack_ms <= ACK_MAX_MS, f"the reply played on for {ack_ms:.0f} ms after the barge-in onset"
+    # The stop as the log has it: the output paused at the onset (or, failing that, the turn's end).
+    stopped_t = min(e.at_mono for e in events if e.turn == turns[0] and e.type in (ev.SPEECH_PAUSED, ev.TURN_END))
+    assert end_t <= stopped_t + STOP_SLACK_S, (
+        f"reply audio reached the speaker {(end_t - stopped_t) * 1000:.0f} ms after the log's stop")
+
+    # -- what an independent listener hears -----------------------------------------------------
+    heard = heard_words(x[c.reply_start:end])
+    delivered = words(cut.delivered_text)
+    assert heard[:2] == words(FIRST)[:2], f"the reply was not heard on the speaker: {heard}"
+    assert abs(len(heard) - len(delivered)) <= 1, f"heard {heard} but the log delivered {delivered}"
+    assert common_in_order(heard, delivered) >= 0.75 * len(delivered), f"heard {heard}, delivered {delivered}"
+    after = heard_words(x[end:])
+    unplayed = set(words(FIRST)[len(delivered) + 1:]) - set(delivered) - set(words(SECOND))
+    assert not unplayed & set(after), f"words of the cut reply after the stop: {sorted(unplayed & set(after))}"
+    second = words(SECOND)
+    assert common_in_order(after, second) >= 0.75 * len(second), f"the second reply was not heard: {after}"
+
+    # -- the follow-up request holds exactly the delivered prefix ---------------------------------
+    proc = subprocess.run([sys.executable, "-m", "voice", "history", "--db", str(c.daemon.db), "--json"],
+                          cwd=ROOT, env=c.daemon.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    messages = json.loads(proc.stdout)
+    i = messages.index({"role": "assistant", "content": cut.delivered_text, "interrupted": True})
+    assert messages[i - 1] == {"role": "user", "content": cut.user_text}
+    assert messages[i + 1] == {"role": "user", "content": full.user_text}
+    assert not any(m.get("content") == FIRST for m in messages)
+    print(f"live: ack {ack_ms:.0f} ms; last reply sample {(end_t - stopped_t) * 1000:+.0f} ms after the log's stop; "
+          f"delivered {len(delivered)} words, heard {len(heard)}: {' '.join(heard)}")

@@ -1,0 +1,87 @@
+"""Echo cancellation before VAD: WebRTC AEC3 through livekit's
+AudioProcessingModule, on 10 ms int16 frames at 16 kHz.
+
+The reference is exactly what the player handed to the device in the same
+duplex block as the mic samples (tapped at write time, resampled to 16 kHz
+once). Measured: fed 40 ms late, every canceller failed, so the reference
+never takes a detour through a queue the mic does not share.
+
+AEC3 also holds back near-end speech while the far end plays, even when no
+echo reaches the mic (a headset): a short "Stop." was then heard 1.5 s late.
+So the canceller always runs (it stays converged), but its output is used
+only while the mic measurably carries the speaker: the 20th percentile,
+over the last few seconds of loud playback, of mic/reference level, each
+the loudest 10 ms in the last half second for the mic and in the quarter
+second before that for the reference (so an echo delayed up to 250 ms lines
+up; the person's voice only ever raises the estimate, the safe side).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FRAME = 160  # 10 ms at 16 kHz
+COUPLED_DB = -45.0  # mic/reference energy above this in quiet moments: the speaker reaches the mic
+LOUD_REFERENCE = 300.0  # RMS of a reference block that counts as playback
+WINDOW = 300  # estimates kept (~3 s of loud playback)
+ENVELOPE = 50  # frames (0.5 s) over which mic and reference levels are compared
+
+
+class EchoUnavailable(RuntimeError):
+    pass
+
+
+class EchoCanceller:
+    def __init__(self) -> None:
+        try:
+            from livekit import rtc
+        except ImportError as exc:  # the wheel is missing or broken on this platform
+            raise EchoUnavailable(f"echo cancellation needs the livekit package ({exc}): pip install livekit") from None
+        self._rtc = rtc
+        # Noise suppression hurt double-talk in the measurements; AGC would fight the VAD's volume gate.
+        self._apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True,
+                                              noise_suppression=False, auto_gain_control=False)
+        self._mic = np.zeros(0, np.int16)
+        self._ref = np.zeros(0, np.int16)
+        self._ratios: list[float] = []  # mic/reference level (dB) during recent loud playback
+        self._ref_levels: list[float] = []
+        self._mic_levels: list[float] = []
+        self.coupled = True  # until measured, assume laptop speakers
+
+    def process(self, mic: bytes, reference: bytes) -> bytes:
+        """One duplex block: `reference` (what was just played, 16 kHz) and
+        `mic` (captured with it). Returns as many cleaned mic samples as
+        whole 10 ms frames allow; the rest waits for the next block."""
+        self._ref = np.concatenate([self._ref, np.frombuffer(reference, np.int16)])
+        self._mic = np.concatenate([self._mic, np.frombuffer(mic, np.int16)])
+        out = []
+        while len(self._mic) >= FRAME:
+            raw = self._mic[:FRAME]
+            if len(self._ref) >= FRAME:
+                ref = self._ref[:FRAME]
+                self._apm.process_reverse_stream(self._frame(ref))
+                self._ref = self._ref[FRAME:]
+                self._measure(raw, ref)
+            frame = self._frame(raw)
+            self._apm.process_stream(frame)  # in place
+            out.append(np.frombuffer(bytes(frame.data), np.int16) if self.coupled else raw)
+            self._mic = self._mic[FRAME:]
+        if len(self._ref) > 10 * FRAME:  # the mic stalled: never let the reference run ahead by more than 100 ms
+            self._ref = self._ref[-FRAME:]
+        return np.concatenate(out).tobytes() if out else b""
+
+    def _measure(self, mic: np.ndarray, ref: np.ndarray) -> None:
+        self._ref_levels = (self._ref_levels + [float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))])[-ENVELOPE:]
+        self._mic_levels = (self._mic_levels + [float(np.sqrt(np.mean(mic.astype(np.float64) ** 2)))])[-ENVELOPE:]
+        # The reference's first half of the window: its echo (delays up to
+        # 250 ms) has arrived somewhere in the mic's whole window by now.
+        ref_level = max(self._ref_levels[: ENVELOPE // 2])
+        if ref_level < LOUD_REFERENCE or len(self._ref_levels) < ENVELOPE:
+            return
+        ratio = 20 * np.log10((max(self._mic_levels) + 1e-3) / ref_level)
+        self._ratios = (self._ratios + [ratio])[-WINDOW:]
+        if len(self._ratios) >= ENVELOPE:  # half a second of playback measured
+            self.coupled = float(np.percentile(self._ratios, 20)) > COUPLED_DB
+
+    def _frame(self, samples: np.ndarray):
+        return self._rtc.AudioFrame(bytearray(samples.astype(np.int16).tobytes()), 16000, 1, FRAME)
