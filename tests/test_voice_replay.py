@@ -339,3 +339,13 @@ def test_backchannel_and_cough_pause_then_resume_without_losing_a_word(replays):
     assert len(paused) == 2 and len(resumed) == 2
     # played.wav holds the whole reply, every word (the pauses only inserted silence)
     assert_heard_matches_delivered(out, turn)
+
+
+def test_wake_word_and_conversation_window(replays):
+    out = replays("wake_word")
+    turns = summary(out)["turns"]
+    assert [t["user_text"] for t in turns] == ["What time is it?", "Set a timer for 10 seconds."]
+    # the request without a wake word, and the one after the window closed, were never turns
+    assert all(t["status"] == ev.COMPLETED for t in turns)
+    requests = json.loads((out / "requests.json").read_text())
+    assert len(requests) == 2

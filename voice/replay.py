@@ -53,7 +53,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     from voice.audio.wav import write_wav
     from voice.log.store import EventStore, new_conversation_id
     from voice.speech.models import ModelMissing
-    from voice.speech.session import BargeInSettings, VadSettings, VoiceSession
+    from voice.speech.session import BargeInSettings, ListenSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
 
@@ -93,6 +93,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
         conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
         vad=VadSettings(**config["vad"]), tool_env=runtime.env, timers=runtime.timers, echo=echo,
         barge_in=BargeInSettings(**config["barge_in"]),
+        listen_mode=ListenSettings(mode=scenario.listen_mode, wake_word=config["listen"]["wake_word"],
+                                   window_s=scenario.window_s or config["listen"]["window_s"]),
     )
     started = time.perf_counter()
     if realtime:

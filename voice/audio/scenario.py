@@ -83,6 +83,8 @@ class Scenario:
     tools: tuple[ScenarioTool, ...] = ()
     echo: EchoPath | None = None
     echo_cancellation: bool | None = None  # None: the config decides
+    listen_mode: str = "open"  # scenarios listen to everything unless they ask for the wake word
+    window_s: float | None = None
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:
@@ -141,8 +143,9 @@ def load_scenario(path: str | Path) -> Scenario:
             raise ValueError(f"scenario {path}: [echo] allows only {sorted(_ECHO)}")
         echo = EchoPath(**{k: float(v) for k, v in data["echo"].items()})
     listen = data.get("listen", {})
-    if not isinstance(listen, dict) or set(listen) - {"echo_cancellation"}:
-        raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation")
+    if not isinstance(listen, dict) or set(listen) - {"echo_cancellation", "mode", "window_s"}:
+        raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation, mode, window_s")
     return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
                     float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools), echo,
-                    listen.get("echo_cancellation"))
+                    listen.get("echo_cancellation"), str(listen.get("mode", "open")),
+                    float(listen["window_s"]) if "window_s" in listen else None)

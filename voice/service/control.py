@@ -97,7 +97,9 @@ class ControlServer:
             return {"ok": True, "state": s.state(), "turn": s.agent.current_turn, "conversation": s.conversation,
                     "device": s.device.describe(), "stt": s.stt.name, "tts": "piper en_US-joe-medium",
                     "llm": {"provider": route.provider, "model": route.model, "base_url": route.base_url},
-                    "muted": s.listen.muted}
+                    "muted": s.listen.muted,
+                    "listen": {"mode": s.listen.gate.mode if s.listen.gate else "open",
+                               "state": s.listen.gate.state(s.listen.position / 16000) if s.listen.gate else "open"}}
         if cmd == "say":
             text = request.get("text")
             if not isinstance(text, str) or not text.strip():

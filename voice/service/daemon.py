@@ -65,7 +65,7 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
     from voice.runtime import build_runtime, loop_settings, start
     from voice.service.control import ControlServer
     from voice.speech.models import ModelMissing
-    from voice.speech.session import BargeInSettings, VadSettings, VoiceSession
+    from voice.speech.session import BargeInSettings, ListenSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
 
@@ -87,6 +87,10 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
             await session.surface.notice(text)
 
     runtime = build_runtime(config, store, announce)
+    listen_mode = ListenSettings(**config["listen"])
+    if scenario is not None:  # a replayed scenario says how it listens ("open" unless it sets [listen] mode)
+        listen_mode = ListenSettings(scenario.listen_mode, config["listen"]["wake_word"],
+                                     scenario.window_s or config["listen"]["window_s"])
     echo = None
     if config["audio"]["echo_cancellation"]:
         from voice.audio.echo import EchoCanceller, EchoUnavailable

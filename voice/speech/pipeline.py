@@ -65,6 +65,8 @@ class SpeechAudioFrame(DataFrame):
 
 class ListenEvents(Protocol):
     async def user_started(self, onset: int) -> bool: ...
+    def assistant_busy(self) -> bool: ...
+    def woke(self) -> None: ...
     async def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
     async def user_text(self, frame: UserTextFrame) -> None: ...
     def late(self, kind: str, ref, info: dict) -> None: ...
@@ -75,8 +77,15 @@ class ListenProcessor(FrameProcessor):
     (the VAD's own rule): smart-turn was measured unreliable on these voices
     and costs 55-95 ms per decision."""
 
-    def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5):
+    def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
+                 wake=None, gate=None):
         super().__init__(name="listen")
+        self._wake = wake  # a WakeWordDetector, in "wake" mode
+        self.gate = gate  # a ListenGate: which finished utterances are for the assistant
+        self._wake_at: int | None = None
+        self._busy = False
+        self._barge_in = False
+        self._utterance_start = 0
         self._vad = vad
         self._events = events
         self._start_samples = int(start_secs * MIC_RATE)
@@ -100,6 +109,15 @@ class ListenProcessor(FrameProcessor):
         if self.muted:
             audio = bytes(len(audio))
         state = await self._vad.analyze_audio(audio)
+        if self._wake is not None and self._wake.process(audio):
+            self._wake_at = self.position + n
+            self.gate.on_wake(self._wake_at / MIC_RATE)
+            self._events.woke()
+        if self.gate is not None:
+            busy = self._events.assistant_busy()
+            if self._busy and not busy:  # the assistant finished: the follow-up window opens
+                self.gate.on_assistant_stopped((self.position + n) / MIC_RATE)
+            self._busy = busy
         self._preroll.append(audio)
         while sum(map(len, self._preroll)) > self._preroll_max:
             self._preroll.popleft()
@@ -110,18 +128,39 @@ class ListenProcessor(FrameProcessor):
             self.speaking = True
             self._onset = max(0, self.position + n - self._start_samples)
             self._utterance = bytearray(b"".join(self._preroll))
+            self._utterance_start = self.position + n - len(self._utterance) // 2
             await self.push_frame(UserStartedSpeakingFrame())
-            await self._events.user_started(self._onset)
+            self._barge_in = await self._events.user_started(self._onset)
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
         if await self._events.barge_in_block(n, voiced, self.position + n):
             await self.push_frame(InterruptionFrame())
         elif self.speaking and state == VADState.QUIET:
             self.speaking = False
-            utterance = UtteranceFrame(audio=bytes(self._utterance), start=self._onset, end=self.position + n)
+            audio_bytes, end = bytes(self._utterance), self.position + n
             self._utterance = bytearray()
             await self.push_frame(UserStoppedSpeakingFrame())
-            await self.push_frame(utterance)
+            audio_bytes = self._for_assistant(audio_bytes, end)
+            if audio_bytes is not None:
+                await self.push_frame(UtteranceFrame(audio=audio_bytes, start=self._onset, end=end))
         self.position += n
+
+
+    def _for_assistant(self, audio: bytes, end: int) -> bytes | None:
+        """The utterance's audio if it is meant for the assistant, with the
+        wake word cut off by position (Whisper mangles "okay nabu")."""
+        if self.gate is None:
+            return audio
+        wake_at = self._wake_at
+        if not self._barge_in and not self.gate.accepts_utterance(self._onset / MIC_RATE):
+            return None  # in wake mode, not addressed to the assistant
+        if wake_at is not None and self._utterance_start <= wake_at <= end:
+            if end - wake_at < MIC_RATE // 2:  # the wake word alone: wait for the request
+                self.gate.on_wake(end / MIC_RATE)
+                return None
+            cut = max(self._utterance_start, wake_at - MIC_RATE // 5)
+            audio = audio[(cut - self._utterance_start) * 2 :]
+        self.gate.consume()
+        return audio
 
 
 class TranscribeProcessor(FrameProcessor):

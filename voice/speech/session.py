@@ -59,6 +59,13 @@ class BargeInSettings:
     resume_ms: float = 2000.0
 
 
+@dataclass(frozen=True)
+class ListenSettings:
+    mode: str = "wake"  # "wake": a wake word (or the conversation window) first; "open": everything
+    wake_word: str = "okay_nabu"
+    window_s: float = 8.0
+
+
 @dataclass
 class _Request:
     """An utterance (or typed text) waiting for its turn."""
@@ -99,6 +106,7 @@ class VoiceSession:
     shutdown_s: float = 5.0
     echo: Any = None  # an EchoCanceller, applied to the mic before the VAD
     barge_in: "BargeInSettings" = field(default_factory=lambda: BargeInSettings())
+    listen_mode: "ListenSettings | None" = None  # None: open, with no gate at all
     timers: Any = None  # a TimerService, announced through this session's voice
     transcript: Callable[[str], None] = lambda line: print(line, flush=True)
     turns: list[TurnInfo] = field(default_factory=list)
@@ -110,7 +118,16 @@ class VoiceSession:
             confidence=self.vad.confidence, start_secs=self.vad.start_secs,
             stop_secs=self.vad.stop_secs, min_volume=self.vad.min_volume))
         analyzer.set_sample_rate(MIC_RATE)
-        self.listen = ListenProcessor(analyzer, self, start_secs=self.vad.start_secs)
+        wake = gate = None
+        if self.listen_mode is not None:
+            from voice.audio.listening import ListenGate
+
+            gate = ListenGate(self.listen_mode.mode, self.listen_mode.window_s)
+            if self.listen_mode.mode == "wake":
+                from voice.audio.wakeword import WakeWordDetector
+
+                wake = WakeWordDetector(self.listen_mode.wake_word)
+        self.listen = ListenProcessor(analyzer, self, start_secs=self.vad.start_secs, wake=wake, gate=gate)
         self.transcribe = TranscribeProcessor(self.stt)
         self.converse = ConverseProcessor(self)
         self.surface = VoiceSurface(self.device.buffer, speak=self.converse.speak,
@@ -176,15 +193,23 @@ class VoiceSession:
 
     # -- events from the pipeline -----------------------------------------
 
-    async def user_started(self, onset: int) -> None:
+    def assistant_busy(self) -> bool:
+        return self.agent.busy or self.surface.playing()
+
+    def woke(self) -> None:
+        self.transcript("(okay: listening)")
+
+    async def user_started(self, onset: int) -> bool:
         """Speech onset while the assistant is busy: pause the output at once
-        (the acknowledgement); the judge then confirms or resumes."""
-        if self.judge.pending or not (self.agent.busy or self.surface.playing()):
-            return
+        (the acknowledgement); the judge then confirms or resumes. Returns
+        whether this utterance is a barge-in (it needs no wake word)."""
+        if self.judge.pending or not self.assistant_busy():
+            return False
         self.judge.start(onset)
         self.device.buffer.request_pause()
         self._pause_turn = self.agent.current_turn
         self._log_speech(ev.SPEECH_PAUSED, {"onset": onset})
+        return True
 
     async def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool:
         """Returns True when the pending barge-in was confirmed (the pipeline
@@ -249,6 +274,9 @@ class VoiceSession:
             return "muted"
         if self.listen.speaking:
             return "hearing"
+        gate = self.listen.gate
+        if gate is not None and gate.mode == "wake" and not (self.transcribe.busy or self.agent.busy):
+            return gate.state(self.listen.position / MIC_RATE)
         if self.transcribe.busy:
             return "transcribing"
         if self.agent.busy:
