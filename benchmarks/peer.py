@@ -180,7 +180,6 @@ async def _run_one(cut: Cut, stt_engine, vad_params: dict, log, max_s: float = 4
         clock.t0 = time.monotonic()
         out.cursor = 0
         k = 0
-        quiet_since = None
         while True:
             pos = k * BLOCK
             if len(placed) == 1 and pos >= placed[0][0] + len(ask):
@@ -231,7 +230,6 @@ def _content(m: dict) -> str:
 
 def run_peer(cuts: list[Cut], workdir: Path, log=print,
              vad_params: dict | None = None) -> dict[str, Any]:
-    import os
 
     from voice.logs import quiet_pipecat
     from voice.speech.stt import WhisperEngine

@@ -271,7 +271,7 @@ def test_doctor_names_each_problem_and_its_fix(tmp_path):
     assert out.returncode == 1
     if any(line.startswith("[FAIL] microphone") for line in lines):  # this machine has no sound card
         mic = next(line for line in lines if "microphone" in line)
-        assert "virtual-audio.sh" in mic and "[audio] input" in mic
+        assert "audio_server.py" in mic and "pipewire-alsa" in mic and "[audio] input" in mic
 
 
 def test_notify_never_blocks_when_systemd_does_not_read(tmp_path, monkeypatch):

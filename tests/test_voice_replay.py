@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from heard import common_in_order, cut_error, heard_words, whisper, words
 from voice.audio.wav import read_mono16k
 from voice.log import events as ev
 from voice.log.projections import derive_messages
@@ -64,51 +63,11 @@ def turn_events(out: Path, turn: int):
         store.close()
 
 
-def words(text: str) -> list[str]:
-    text = text.lower().replace("sea", "c")  # whisper hears "sea" as "C" on this voice
-    return re.findall(r"[a-z0-9']+", text)
-
-
-def common_in_order(a: list[str], b: list[str]) -> int:
-    """Length of the longest common subsequence of two word lists."""
-    row = [0] * (len(b) + 1)
-    for x in a:
-        prev = 0
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
-    return row[-1]
-
-
-@cache
-def whisper():
-    from voice.speech.stt import WhisperEngine
-
-    return WhisperEngine("base")
-
-
 def heard_in_played(out: Path, turn: dict) -> str:
-    """An independent transcription of the reply's audio in played.wav: the
-    words Whisper places wholly inside it. (Whisper completes a sentence cut
-    mid-word, "water on" -> "water on Earth"; a word it says ends after the
-    audio does was not heard whole.)"""
+    """An independent transcription of the reply's audio in played.wav."""
     played = read_mono16k(out / "played.wav")
     start, end = int(turn["speech_start_s"] * RATE), int(turn["speech_end_s"] * RATE)
-    pad = np.zeros(RATE * 3 // 10, np.int16)
-    audio = np.concatenate([pad, played[start:end], pad]).astype(np.float32) / 32768
-    cut = (len(pad) + end - start) / RATE
-    return " ".join(w for w, _, w_end in whisper().words(audio) if w_end <= cut + 0.02)
-
-
-def cut_error(heard: list[str], delivered: list[str]) -> int | None:
-    """Words heard after the delivered prefix's end (negative: fewer): the
-    error at the cut, found by anchoring on the last delivered word (or the
-    one before it, if the transcriber misheard the last)."""
-    for k in (1, 2):
-        if len(delivered) >= k:
-            found = [i for i, h in enumerate(heard) if h == delivered[-k]]
-            if found:
-                return (len(heard) - 1 - found[-1]) - (k - 1)
-    return None
+    return " ".join(heard_words(played[start:end]))
 
 
 def assert_heard_matches_delivered(out: Path, turn: dict) -> None:

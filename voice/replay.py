@@ -8,7 +8,6 @@ DIR/events.db and DIR/summary.json.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,6 @@ from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.errors import UsageError
 
 RATE = 16000
-
-
-def _progress(what: str, load):
-    print(f"loading {what}…", end="", file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    value = load()
-    print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return value
 
 
 def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realtime: bool = False,
@@ -52,7 +43,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     from voice.audio.scenario import load_scenario
     from voice.audio.wav import write_wav
     from voice.log.store import EventStore, new_conversation_id
-    from voice.speech.models import ModelMissing
+    from voice.speech.models import ModelMissing, load_with_progress
     from voice.speech.session import BargeInSettings, ListenSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
@@ -69,8 +60,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
                 else anyio.run(open_provider, spec, config))
     model = stt_model or scenario.stt_model or config["stt"]["model"]
     try:
-        stt = _progress(f"speech recognition (whisper {model})", lambda: WhisperEngine(model, config["stt"]["threads"]))
-        tts = _progress("speech synthesis (piper en_US-joe-medium)",
+        stt = load_with_progress(f"speech recognition (whisper {model})", lambda: WhisperEngine(model, config["stt"]["threads"]))
+        tts = load_with_progress("speech synthesis (piper en_US-joe-medium)",
                         lambda: PiperEngine(RATE, alignments=config["tts"]["alignments"]))
     except (ModelMissing, ValueError) as exc:
         raise UsageError(str(exc)) from None

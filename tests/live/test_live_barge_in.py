@@ -22,14 +22,12 @@ Skips, saying why, only where PipeWire cannot be installed or started.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-from functools import cache
 
-import numpy as np
 import pytest
 
+from heard import common_in_order, heard_words, whisper, words
 from voice.log import events as ev
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
@@ -54,39 +52,6 @@ def audio():
         pytest.skip(f"live audio: cannot start a private PipeWire ({exc})")
     yield server
     server.stop()
-
-
-# -- word scoring (as tests/test_voice_replay.py) --------------------------------
-
-
-def words(text: str) -> list[str]:
-    text = text.lower().replace("sea", "c")  # whisper hears "sea" as "C" on this voice
-    return re.findall(r"[a-z0-9']+", text)
-
-
-def common_in_order(a: list[str], b: list[str]) -> int:
-    row = [0] * (len(b) + 1)
-    for x in a:
-        prev = 0
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
-    return row[-1]
-
-
-@cache
-def whisper():
-    from voice.speech.stt import WhisperEngine
-
-    return WhisperEngine("base")
-
-
-def heard_words(audio: np.ndarray) -> list[str]:
-    """Whisper's words wholly inside `audio` (padded 0.3 s each side; a word
-    it says ends after the audio does was not heard whole)."""
-    pad = np.zeros(RATE * 3 // 10, np.int16)
-    x = np.concatenate([pad, audio, pad]).astype(np.float32) / 32768
-    cut = (len(pad) + len(audio)) / RATE
-    return words(" ".join(w for w, _, end in whisper().words(x) if end <= cut + 0.02))
 
 
 def test_barge_in_on_the_live_path(audio: AudioServer, tmp_path):

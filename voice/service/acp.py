@@ -17,7 +17,6 @@ copy of file descriptor 1, and fd 1 / sys.stdout then point at stderr.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -25,7 +24,6 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio

