@@ -236,7 +236,10 @@ def run_peer(cuts: list[Cut], workdir: Path, log=print,
 
     quiet_pipecat()
     workdir.mkdir(parents=True, exist_ok=True)
-    vad_params = vad_params or dict(confidence=0.7, start_secs=0.1, stop_secs=0.6, min_volume=0.6)
+    if vad_params is None:  # the same Silero settings as ours: the documented defaults
+        from voice.config import load_config
+
+        vad_params = load_config()["vad"]
     engine = WhisperEngine("base", 2)
     rows = []
     for cut in cuts:

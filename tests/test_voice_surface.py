@@ -353,3 +353,51 @@ async def test_notice_is_spoken_as_its_own_unit():
     ref = rec.sentences[0].ref
     assert ref.conversation == "notice"
     assert surface.is_current(ref) is True
+
+
+@pytest.mark.anyio
+async def test_a_sentence_that_cannot_be_synthesized_is_skipped_not_awaited_forever():
+    """SpeakProcessor turns a synthesis error into empty audio: the unit
+    completes, and the unsaid sentence's words are not delivered."""
+    import asyncio
+
+    from voice.speech.pipeline import SpeakFrame, SpeakProcessor, SpeechAudioFrame
+
+    class BrokenTts:
+        rate = 16000
+
+        def synthesize(self, text):
+            raise RuntimeError("espeak cannot say this")
+
+    late, pushed = [], []
+
+    class Events:
+        def late(self, kind, ref, info):
+            late.append(kind)
+
+    buffer = PlaybackBuffer(16000)
+    spoken = []
+
+    async def speak(sentence):
+        spoken.append(sentence)
+
+    surface = VoiceSurface(buffer, speak=speak)
+    processor = SpeakProcessor(BrokenTts(), surface, Events())
+
+    async def capture(frame, direction=None):
+        pushed.append(frame)
+
+    processor.push_frame = capture  # the processor's downstream edge
+    ref = UnitRef("c", 1, 0, 0)
+    surface.open(ref)
+    await surface.text(ref, "Unsayable words here.")
+    await surface.close(ref)
+    from pipecat.processors.frame_processor import FrameDirection
+
+    await asyncio.wait_for(SpeakProcessor.process_frame(processor, SpeakFrame(sentence=spoken[0]),
+                                                        FrameDirection.DOWNSTREAM), 5)
+    (frame,) = [f for f in pushed if isinstance(f, SpeechAudioFrame)]
+    assert len(frame.audio.samples) == 0 and late == ["tts-failed"]
+    surface.play(frame.sentence, frame.audio)
+    delivered = await asyncio.wait_for(surface.wait_delivered(ref), 2)  # settles: nothing more will play
+    assert not delivered.complete and delivered.words == 0 and delivered.text_chars == 0

@@ -229,6 +229,9 @@ class SpeakProcessor(FrameProcessor):
         self.busy = True
         try:
             audio = await asyncio.shield(job)
+        except Exception as exc:  # a sentence piper cannot say is skipped, never waited for
+            self._events.late("tts-failed", sentence.ref, {"sentence": sentence.index, "error": repr(exc)})
+            audio = SpeechAudio(np.zeros(0, np.int16), self._tts.rate, (), "failed", 0.0)
         except asyncio.CancelledError:
             # Interrupted: the synthesis thread finishes on its own; its audio is late.
             job.add_done_callback(lambda _: self._events.late("tts-audio", sentence.ref, {"sentence": sentence.index}))

@@ -91,36 +91,46 @@ class VoiceSurface:
             self.buffer.request_drop({s.key for s in unit.sentences})
 
     def delivered(self, ref: UnitRef) -> Delivered:
+        return self._progress(ref)[0]
+
+    def _progress(self, ref: UnitRef) -> tuple[Delivered, bool]:
+        """What was heard of the unit, and whether it is settled (nothing
+        more of it will play: all synthesized and played, or skipped)."""
         unit = self._units.get(ref)
         if unit is None:
-            return Delivered(0)
+            return Delivered(0), True
         latency = self.output_latency()
         chars = words = samples = 0
-        whole = True
+        settled, unsaid = True, False
         for s in unit.sentences:
             audio = unit.audio.get(s.index)
             if audio is None:
-                whole = False
+                settled = False
                 break
+            if audio.method == "failed":  # synthesis failed: nothing of it was heard
+                unsaid = True
+                continue
             heard = self.buffer.handed(s.key) if unit.stopped else self.buffer.heard(s.key, latency)
             samples += heard
             played_words = [w for w in audio.words if w.end <= heard]
-            words += len(played_words)
-            if played_words:
-                chars = s.char_start + played_words[-1].char_end
+            if not unsaid:  # the delivered prefix stops at the first sentence that was not said
+                words += len(played_words)
+                if played_words:
+                    chars = s.char_start + played_words[-1].char_end
             if heard < len(audio.samples):
-                whole = False
+                settled = False
                 break
-        complete = whole and unit.closed and unit.cut >= len(unit.text.rstrip())
+        settled = settled and unit.closed and unit.cut >= len(unit.text.rstrip())
+        complete = settled and not unsaid
         if complete:
             chars = len(unit.text)
-        return Delivered(text_chars=chars, words=words, samples=samples, complete=complete)
+        return Delivered(text_chars=chars, words=words, samples=samples, complete=complete), settled
 
     async def wait_delivered(self, ref: UnitRef) -> Delivered:
         while True:
-            d = self.delivered(ref)
-            if d.complete:
-                return d
+            delivered, settled = self._progress(ref)
+            if settled:
+                return delivered
             await anyio.sleep(self.poll_s)
 
     async def stop(self) -> None:
