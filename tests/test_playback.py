@@ -232,3 +232,17 @@ def test_concurrent_pull_and_enqueue_lose_or_duplicate_nothing():
     assert not out[~covered].any()
     # The tail is silence.
     assert not out[-320:].any()
+
+
+def test_played_and_dropped_audio_is_released_but_its_record_kept():
+    """A service runs for days: a chunk's samples are freed once handed over
+    (or dropped), while `heard`/`span` keep working."""
+    buf = PlaybackBuffer(16000)
+    buf.enqueue("a", np.ones(500, np.int16))
+    buf.enqueue("b", np.ones(500, np.int16))
+    buf.pull(600)  # all of a, part of b
+    buf.request_clear()
+    buf.pull(100)
+    assert buf._chunks["a"].samples.size == 0 and buf._chunks["b"].samples.size == 0
+    assert buf.heard("a") == 500 and buf.handed("b") == 100
+    assert buf.span("a") == (0, 500) and buf.finished("a")

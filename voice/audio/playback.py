@@ -23,13 +23,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+_RELEASED = np.zeros(0, np.int16)
+
+
 @dataclass
 class _Chunk:
     key: Hashable
-    samples: np.ndarray  # int16, mono, at the buffer's rate
+    samples: np.ndarray  # int16, mono, at the buffer's rate; released once handed over or dropped
+    length: int = 0
     start: int | None = None  # device position of the first sample, once handed over
     taken: int = 0  # samples handed to the device so far
     dropped: bool = False
+
+    def release(self) -> None:
+        """A service runs for days: keep the bookkeeping, free the audio."""
+        self.samples = _RELEASED
 
 
 @dataclass
@@ -54,7 +62,7 @@ class PlaybackBuffer:
     def enqueue(self, key: Hashable, samples: np.ndarray) -> None:
         if samples.dtype != np.int16 or samples.ndim != 1:
             raise ValueError("playback wants mono int16 samples")
-        chunk = _Chunk(key, samples)
+        chunk = _Chunk(key, samples, len(samples))
         with self._lock:
             self._chunks[key] = chunk
             self._queue.append(chunk)
@@ -86,6 +94,7 @@ class PlaybackBuffer:
             if self._clear_requested:
                 for chunk in self._queue:
                     chunk.dropped = True
+                    chunk.release()
                 self._queue.clear()
                 self._clear_requested = False
                 self.clears.append(self.position)
@@ -97,7 +106,9 @@ class PlaybackBuffer:
                 self.paused, self._pause_requested = self._pause_requested, None
             if self._drop_requested:
                 for chunk in self._queue:
-                    chunk.dropped = chunk.dropped or chunk.key in self._drop_requested
+                    if chunk.key in self._drop_requested:
+                        chunk.dropped = True
+                        chunk.release()
                 self._queue = deque(c for c in self._queue if not c.dropped)
                 self._drop_requested = set()
             filled = 0
@@ -106,12 +117,13 @@ class PlaybackBuffer:
                 if chunk.start is None:
                     chunk.start = self.position + filled
                     self.starts.append(chunk.start)
-                take = min(n - filled, len(chunk.samples) - chunk.taken)
+                take = min(n - filled, chunk.length - chunk.taken)
                 out[filled : filled + take] = chunk.samples[chunk.taken : chunk.taken + take]
                 chunk.taken += take
                 filled += take
-                if chunk.taken == len(chunk.samples):
+                if chunk.taken == chunk.length:
                     self._queue.popleft()
+                    chunk.release()
             self.position += n
         return out
 
@@ -144,7 +156,7 @@ class PlaybackBuffer:
         """Whether the whole chunk has come out of the speaker."""
         with self._lock:
             chunk = self._chunks.get(key)
-        return chunk is not None and self.heard(key, latency) == len(chunk.samples)
+        return chunk is not None and self.heard(key, latency) == chunk.length
 
     def pending(self) -> bool:
         """Speech queued or still in the device."""

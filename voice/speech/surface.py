@@ -39,13 +39,22 @@ class Sentence:
         return (self.ref, self.index)
 
 
+@dataclass(frozen=True)
+class _Said:
+    """A synthesized sentence as delivery sees it."""
+
+    words: tuple
+    length: int
+    method: str
+
+
 @dataclass
 class _Unit:
     ref: UnitRef
     text: str = ""
     cut: int = 0  # text before this offset has been split into sentences
     sentences: list[Sentence] = field(default_factory=list)
-    audio: dict[int, SpeechAudio] = field(default_factory=dict)
+    audio: dict[int, _Said] = field(default_factory=dict)
     closed: bool = False
     current: bool = True
     stopped: bool = False
@@ -117,7 +126,7 @@ class VoiceSurface:
                 words += len(played_words)
                 if played_words:
                     chars = s.char_start + played_words[-1].char_end
-            if heard < len(audio.samples):
+            if heard < audio.length:
                 settled = False
                 break
         settled = settled and unit.closed and unit.cut >= len(unit.text.rstrip())
@@ -162,8 +171,10 @@ class VoiceSurface:
         if unit is None or not unit.current:
             self.on_late("tts-audio", sentence.ref, {"sentence": sentence.index, "samples": len(audio.samples)})
             return False
-        unit.audio[sentence.index] = audio
         self.buffer.enqueue(sentence.key, audio.samples)
+        # Keep what delivery needs (word timings, length), not the samples:
+        # the buffer frees them once played.
+        unit.audio[sentence.index] = _Said(audio.words, len(audio.samples), audio.method)
         return True
 
     def speaking_text(self) -> str:
