@@ -10,7 +10,6 @@ speaker buffer in the device callback.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,7 +322,3 @@ class VoiceSession:
         if not spans:
             return None
         return min(s[0] for s in spans), max(s[1] for s in spans)
-
-
-def log_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
