@@ -48,11 +48,11 @@ class WhisperEngine:
                 "whisper-base", device="cpu", compute_type="int8", cpu_threads=threads, files=models.whisper_base_files()
             )
 
-    def transcribe(self, audio: np.ndarray, *, words: bool = False) -> Transcript:
+    def transcribe(self, audio: np.ndarray) -> Transcript:
         started = time.perf_counter()
         segments, _ = self._model.transcribe(
             audio, language="en", beam_size=1, vad_filter=False, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=not words, word_timestamps=words,
+            condition_on_previous_text=False, without_timestamps=True,
         )
         text = " ".join(s.text.strip() for s in segments).strip()  # decoding happens while iterating
         return Transcript(text, time.perf_counter() - started)
