@@ -401,3 +401,25 @@ async def test_a_sentence_that_cannot_be_synthesized_is_skipped_not_awaited_fore
     surface.play(frame.sentence, frame.audio)
     delivered = await asyncio.wait_for(surface.wait_delivered(ref), 2)  # settles: nothing more will play
     assert not delivered.complete and delivered.words == 0 and delivered.text_chars == 0
+
+
+@pytest.mark.anyio
+async def test_speaking_text_holds_only_replies_still_playing():
+    """The barge-in judge compares what it heard with what the assistant is
+    saying now: a reply that finished long ago must not count."""
+    buffer = PlaybackBuffer(16000)
+
+    async def speak(sentence):
+        pass
+
+    surface = VoiceSurface(buffer, speak=speak)
+    old, new = UnitRef("c", 1, 0, 0), UnitRef("c", 2, 0, 0)
+    for ref, text in ((old, "What was that about London?"), (new, "Tides follow the moon.")):
+        surface.open(ref)
+        await surface.text(ref, text)
+        await surface.close(ref)
+    (old_sentence,) = [s for s in surface._units[old].sentences]
+    surface.play(old_sentence, SpeechAudio(np.ones(320, np.int16), 16000,
+                                           (WordTiming("What", 0, 4, 0, 320),), "alignment", 0.0))
+    buffer.pull(640)  # the old reply has played to the end; the new one is not synthesized yet
+    assert surface.speaking_text() == "Tides follow the moon."

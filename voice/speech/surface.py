@@ -178,8 +178,9 @@ class VoiceSurface:
         return True
 
     def speaking_text(self) -> str:
-        """The text of the replies still current (what the speaker is saying)."""
-        return " ".join(u.text for u in self._units.values() if u.current)
+        """The text of the replies still being spoken or queued (not the
+        session's earlier replies, which have settled)."""
+        return " ".join(u.text for u in self._units.values() if u.current and not self._progress(u.ref)[1])
 
     def playing(self) -> bool:
         return self.buffer.pending()
