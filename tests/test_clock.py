@@ -156,3 +156,42 @@ def test_uninstall_restores_the_real_clock():
     assert r["time_restored"] is True
     assert abs(r["after"]) < 0.05
     assert r["step"] == pytest.approx(r["real_step"], abs=0.05)
+
+
+def test_a_network_provider_on_the_replay_clock_keeps_real_latency():
+    """A model that answers in 0.3 s of real (network) time must take 0.3 s
+    on the replay clock too, not be skipped as idle."""
+    code = r"""
+import asyncio, time
+from voice.audio.clock import VirtualClock, run_on_virtual_clock
+from voice.agent.providers.base import Finish, ProviderRoute, TextDelta
+from voice.replay import _OnVirtualClock
+clock = VirtualClock(); clock.install()
+
+class Remote:  # waits on a socket-like future, as an HTTP client does
+    route = ProviderRoute("openai", "m")
+    async def stream(self, request):
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        import threading
+        threading.Timer(0.3, lambda: loop.call_soon_threadsafe(done.set_result, None)).start()
+        await done
+        yield TextDelta("hi"); yield Finish("stop")
+    async def aclose(self): pass
+
+async def main():
+    async def ticker():  # the replay device's 20 ms ticks: timers the clock could jump to
+        while True: await asyncio.sleep(0.02)
+    t = asyncio.ensure_future(ticker())
+    for provider in (Remote(), _OnVirtualClock(Remote(), clock)):
+        v0 = time.monotonic()
+        async for _ in provider.stream(None): pass
+        print(round(time.monotonic() - v0, 2))
+    t.cancel()
+run_on_virtual_clock(main(), clock)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    bare, held = (float(x) for x in out.stdout.split())
+    assert held == pytest.approx(0.3, abs=0.1)  # held: the real 0.3 s
+    assert bare > held + 1.0  # unheld, the clock races ahead over the wait (why the wrapper exists)

@@ -58,6 +58,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
     spec = scenario.llm or config["llm"]["provider"]
     provider = (ScriptedProvider(list(scenario.replies), name=scenario.path.name) if scenario.replies is not None
                 else anyio.run(open_provider, spec, config))
+    if not realtime and not isinstance(provider, ScriptedProvider):
+        provider = _OnVirtualClock(provider, clock)
     model = stt_model or scenario.stt_model or config["stt"]["model"]
     try:
         stt = load_with_progress(f"speech recognition (whisper {model})", lambda: WhisperEngine(model, config["stt"]["threads"]))
@@ -101,6 +103,23 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
         (out / "requests.json").write_text(json.dumps([list(r.messages) for r in provider.requests], indent=1) + "\n")
     store.close()
     return summary
+
+
+class _OnVirtualClock:
+    """A provider whose waits are network I/O, which the autojump clock does
+    not see: hold the clock while its stream runs, so a real model's latency
+    is not skipped as idle time."""
+
+    def __init__(self, inner, clock: VirtualClock):
+        self.inner, self.clock, self.route = inner, clock, inner.route
+
+    async def stream(self, request):
+        with self.clock.busy():
+            async for delta in self.inner.stream(request):
+                yield delta
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _load_echo():
