@@ -343,6 +343,61 @@ async def test_done_without_finish_reason_is_an_aborted_finish() -> None:
     assert caught.value.retryable is True
 
 
+REFUSAL = {"error": {"message": "This model's maximum context length is 1024 tokens. However, you requested 4304 "
+                             "tokens (4303 in the messages, 1 in the completion).",
+                  "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+
+
+@pytest.mark.parametrize("probe_answer", [400, 200])
+async def test_an_empty_stream_is_explained_by_asking_once_without_streaming(probe_answer: int) -> None:
+    """llama.cpp's Python server answers a streamed request it refuses (a
+    prompt over its context) with 200 and an empty stream; only a request
+    that is not streamed gets the refusal (tests/test_llm_server.py shows it
+    on the real server)."""
+    bodies: list[Any] = []
+
+    async def handler(conn: Conn) -> None:
+        bodies.append(conn.body)
+        if conn.body.get("stream"):
+            await conn.start_sse()
+            conn.writer.write(b"0\r\n\r\n")  # the body ends: not one event
+            await conn.writer.drain()
+        elif probe_answer == 400:
+            await conn.respond_json(400, "Bad Request", REFUSAL)
+        else:
+            await conn.respond_json(200, "OK", {
+                "id": "x", "object": "chat.completion", "created": 1, "model": MODEL,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "length"}]})
+
+    with pytest.raises(ProviderError) as caught:
+        await run(handler, extra_body={"temperature": 0})
+    err = caught.value
+    # The same request, not streamed, for one token.
+    assert [b["stream"] for b in bodies] == [True, False]
+    assert bodies[1]["messages"] == bodies[0]["messages"] and bodies[1]["max_tokens"] == 1
+    assert bodies[1]["temperature"] == 0
+    if probe_answer == 400:
+        assert (err.status, err.retryable) == (400, False)
+        assert "maximum context length is 1024 tokens" in str(err)
+    else:
+        assert (err.status, err.retryable) == (None, True)
+        assert "without a finish reason" in str(err)
+
+
+async def test_a_stream_that_carried_chunks_is_not_asked_again() -> None:
+    requests: list[Any] = []
+
+    async def handler(conn: Conn) -> None:
+        requests.append(conn.body)
+        await conn.start_sse()
+        await conn.send(chunk({"role": "assistant", "content": "Half"}))
+        await conn.done()
+
+    with pytest.raises(ProviderError, match="without a finish reason"):
+        await run(handler)
+    assert len(requests) == 1
+
+
 async def test_unreachable_server() -> None:
     base_url = f"http://127.0.0.1:{unused_port()}/v1"
     provider = OpenAICompatibleProvider(base_url, MODEL, timeout_s=5)

@@ -79,8 +79,10 @@ class OpenAICompatibleProvider:
             raise self._translate(e, started=False) from e
 
         finish: str | None = None
+        chunks = 0
         try:
             async for chunk in sdk_stream:
+                chunks += 1
                 if not chunk.choices:  # usage-only chunk
                     continue
                 choice = chunk.choices[0]
@@ -100,7 +102,26 @@ class OpenAICompatibleProvider:
                 except _TRANSPORT_ERRORS:
                     pass
         if finish is None:
+            if chunks == 0:
+                await self._raise_refusal(kwargs)
             raise ProviderError("stream ended without a finish reason", retryable=True)
+
+    async def _raise_refusal(self, kwargs: dict[str, Any]) -> None:
+        """A 200 stream that carried no chunk at all: the server failed the
+        request after accepting it. llama.cpp's Python server does this when
+        it refuses a streamed request (a prompt over its context length); its
+        refusal only ever comes as the answer to a request that is not
+        streamed. So ask once more, not streamed and for one token, and raise
+        the refusal if that is what comes back (a 400 is then not retried).
+        One SDK retry: the pooled connection the failed stream used may be one
+        the server has closed."""
+        probe = {**kwargs, "stream": False, "extra_body": {**(self.extra_body or {}), "max_tokens": 1}}
+        try:
+            await self._client.with_options(max_retries=1).chat.completions.create(**probe)
+        except openai.APIStatusError as e:
+            raise self._translate(e, started=False) from e
+        except _TRANSLATED:
+            return  # no clearer answer: the caller reports the empty stream
 
     async def aclose(self) -> None:
         await self._client.close()
