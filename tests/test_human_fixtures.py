@@ -58,6 +58,7 @@ def test_file_matches_its_index_entry(entry):
     assert entry["license"] == source["license"]
 
 
+@pytest.mark.filterwarnings("ignore:'audioop' is deprecated:DeprecationWarning")  # pipecat's import, not ours
 def test_the_pauses_in_the_index_are_what_silero_hears():
     maker = _fixture_maker()
     for entry in FILES:
