@@ -36,7 +36,10 @@ def test_benchmark_smoke(tmp_path):
 
 def test_log_append_benchmark_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "log_append.py"), "--n", "200",
-                           "--json", str(tmp_path / "a.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                           "--open-events", "2000", "--json", str(tmp_path / "a.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "a.json").read_text())
     assert r["journal_mode"] == "wal" and r["synchronous"] == "NORMAL" and r["append_us_p50"] > 0
+    assert r["durable"]["synchronous"] == "FULL" and r["durable"]["append_us_p50"] > 0
+    assert r["turn_with_a_write"]["durable_events"] >= 3 and r["open"]["open_checked_ms_p50"] > 0

@@ -4,6 +4,7 @@ write, timers from the log, and recovery after a crash."""
 
 from __future__ import annotations
 
+import datetime
 import io
 
 import anyio
@@ -191,10 +192,20 @@ async def test_a_repeat_of_an_unknown_write_is_blocked(store, tmp_path):
     assert [e.state for e in effects(store, "c-test")] == [ev.UNKNOWN]
 
 
+async def test_a_model_repeating_a_confirmed_write_in_the_same_turn_is_blocked(store, tmp_path):
+    call = {"name": "add_note", "arguments": {"text": "buy milk"}}
+    provider = scripted({"chunk_delay_ms": 1, "tool_calls": [call, call, call]})
+    agent, out = agent_with(store, provider, tmp_path)
+    await agent.run_turn("note buy milk")
+    results = [e.payload for e in store.events("c-test") if e.type == ev.TOOL_RESULT]
+    assert [r["status"] for r in results] == ["ok", ev.BLOCKED, ev.BLOCKED]
+    assert "earlier in this turn" in results[1]["error"]
+    assert (tmp_path / "data" / "notes.txt").read_text().count("buy milk") == 1
+
+
 async def test_reconcile_resolves_an_unknown_note_without_writing_it_again(store, tmp_path):
     # A crash after the write reached the file but before the receipt.
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "notes.txt").write_text("2026-11-30 00:00\tbuy milk\n")
     turn = store.start_turn("c-test", {"source": "text"})
     store.append("c-test", ev.USER_MESSAGE, {"content": "note buy milk"}, turn=turn)
     store.append("c-test", ev.STEP_START, {}, turn=turn, step=0, attempt=0)
@@ -204,6 +215,8 @@ async def test_reconcile_resolves_an_unknown_note_without_writing_it_again(store
     store.append("c-test", ev.TOOL_CALL, {"tool_call_id": "call_x", "name": "add_note"}, turn=turn, step=0, attempt=0)
     store.append("c-test", ev.TOOL_DISPATCH, {"tool_call_id": "call_x", "name": "add_note", "effect": "write",
                                              "arguments": {"text": "buy milk"}}, turn=turn, step=0, attempt=0)
+    # the note reached the file after the dispatch (a line is stamped when it is written)
+    (tmp_path / "data" / "notes.txt").write_text(f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S}\tbuy milk\n")
     env = ToolEnv(data_dir=tmp_path / "data")
     report = await recover(store, ToolRegistry(notes_tools()), env)
     assert report.closed_turns == [("c-test", turn)] and report.unknown_writes == 1 and report.reconciled == 1

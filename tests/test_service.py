@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import stat
@@ -37,7 +38,8 @@ def voice(tmp: Path, *args: str, timeout: float = 60, **extra: str) -> subproces
 
 
 class Daemon:
-    def __init__(self, tmp: Path, scenario: Path, watchdog_usec: int = 1_000_000):
+    def __init__(self, tmp: Path, scenario: Path, watchdog_usec: int = 1_000_000, open_files: int | None = None,
+                 **env: str):
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "run").mkdir(mode=0o700, exist_ok=True)
         self.tmp, self.db = tmp, tmp / "events.db"
@@ -48,8 +50,10 @@ class Daemon:
         self.messages: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "voice", "run", "--db", str(self.db), "--replay", str(scenario)],
-            cwd=ROOT, env=env_for(tmp, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(watchdog_usec)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cwd=ROOT, env=env_for(tmp, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(watchdog_usec), **env),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=None if open_files is None else lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
         self.socket = tmp / "run" / "voice" / "control.sock"
 
     def pump(self, until, timeout: float = 60.0) -> None:

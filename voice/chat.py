@@ -21,6 +21,17 @@ import anyio.abc
 from voice.agent.loop import AgentLoop
 
 
+def _read_line(stdin: TextIO) -> str:
+    """One line ("" at the end). Bytes that are not UTF-8 become U+FFFD: a
+    line is never lost to its encoding, and no lone surrogate reaches the
+    log. A stream that fails to read counts as ended."""
+    raw = getattr(stdin, "buffer", None)
+    try:
+        return raw.readline().decode("utf-8", "replace") if raw is not None else stdin.readline()
+    except (OSError, ValueError):
+        return ""
+
+
 def _start_reader(stdin: TextIO) -> anyio.abc.ObjectReceiveStream[str | None]:
     """Lines from stdin, read by a daemon thread: a blocked read must never
     keep the process alive after the person asked to exit."""
@@ -29,7 +40,7 @@ def _start_reader(stdin: TextIO) -> anyio.abc.ObjectReceiveStream[str | None]:
 
     def read() -> None:
         while True:
-            line = stdin.readline()
+            line = _read_line(stdin)
             fut = asyncio.run_coroutine_threadsafe(send.send(line.rstrip("\n") if line else None), loop)
             try:
                 fut.result()

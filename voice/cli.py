@@ -293,6 +293,9 @@ COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "run
 
 
 def main(argv: list[str] | None = None) -> int:
+    from voice.paths import make_files_private
+
+    make_files_private()  # the log, notes, recordings: the user's alone
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -6,6 +6,29 @@ import os
 from pathlib import Path
 
 
+_user_umask: int | None = None
+
+
+def make_files_private() -> None:
+    """From here on every file and folder this process creates is the
+    user's alone (umask 077): the log, notes and recordings hold what was
+    said and done. The user's own umask is kept for the commands the
+    assistant runs for them (`user_umask`)."""
+    global _user_umask
+    previous = os.umask(0o077)
+    if _user_umask is None:
+        _user_umask = previous
+
+
+def user_umask() -> int:
+    """The umask this process started with."""
+    if _user_umask is not None:
+        return _user_umask
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
+
 def _xdg(var: str, fallback: str) -> Path:
     value = os.environ.get(var)
     return Path(value) if value and os.path.isabs(value) else Path.home() / fallback

@@ -4,7 +4,10 @@ the log (close unfinished turns, reconcile unknown writes)."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,18 @@ def commands_from_config(config: dict[str, Any]) -> dict[str, list[str]]:
     return dict(commands)
 
 
+def command_environment(config: dict[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment of commands the assistant runs: only the variables
+    named in `tools.command_env` that are set here (least privilege: no API
+    key or token of the daemon's reaches a command, its output or the log)."""
+    names = config["tools"]["command_env"]
+    bad = [n for n in names if not (isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n))]
+    if bad:
+        raise UsageError(f"config: tools.command_env = {names!r} must list environment variable names "
+                         f"(not {bad[0]!r})")
+    return {n: environ[n] for n in names if n in environ}
+
+
 @dataclass
 class Runtime:
     store: EventStore
@@ -44,7 +59,7 @@ def build_runtime(config: dict[str, Any], store: EventStore, announce) -> Runtim
     commands = commands_from_config(config)
     timers = TimerService(store, announce)
     env = ToolEnv(data_dir=data_dir(), commands=commands, kill_after_s=config["tools"]["kill_after_s"],
-                  services={"timers": timers})
+                  services={"timers": timers}, command_env=command_environment(config))
     return Runtime(store, default_tools(commands), env, timers)
 
 

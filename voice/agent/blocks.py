@@ -43,11 +43,14 @@ class Block:
         return {"type": self.type, "text": self.text}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ToolCall:
     id: str
     name: str
     arguments_json: str
+    # The id the provider sent, if any. Kept for the record; the loop gives
+    # each call an id of its own (DESIGN §9), so it is not part of equality.
+    provider_id: str | None = field(default=None, compare=False)
 
     def arguments(self) -> dict[str, Any]:
         """Parsed arguments; raises ValueError naming the problem."""
@@ -147,7 +150,7 @@ class BlockAssembler:
     def tool_calls(self) -> list[ToolCall]:
         calls = []
         for n, b in enumerate(b for b in self.blocks if b.type == TOOL_CALL):
-            calls.append(ToolCall(id=b.id or f"call_{n}", name=b.name or "", arguments_json=b.text))
+            calls.append(ToolCall(id=b.id or f"call_{n}", name=b.name or "", arguments_json=b.text, provider_id=b.id))
         return calls
 
     def content_blocks(self) -> list[dict[str, Any]]:

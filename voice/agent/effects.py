@@ -3,7 +3,9 @@
 An effect's state is its dispatch receipt (confirmed / failed / unknown), or
 "reconciled" once `reconcile()` found out what an unknown write did (then
 `outcome` says which). A write with no receipt at all (the process died in
-between) is unknown.
+between) is unknown. A call is named by (conversation, turn, step, id): logs
+written before ids were minted from the log reuse ids across turns, and one
+call must never borrow another's receipt.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class Effect:
     tool_call_id: str
     tool: str
     arguments: dict[str, Any]
-    dispatch: dict[str, Any]
+    dispatch: dict[str, Any]  # the dispatch's payload, with `at_wall`: when it was logged
     state: str  # confirmed | failed | unknown | reconciled
     outcome: str  # confirmed | failed | unknown: what is known of the effect now
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -38,15 +40,16 @@ class Effect:
 
 def effects(store: EventStore, conversation: str | None = None) -> list[Effect]:
     events = store.events(conversation, types={ev.TOOL_DISPATCH, ev.EFFECT_RECEIPT})
-    receipts: dict[tuple[str, str, str], dict[str, Any]] = {}
+    receipts: dict[tuple[str, int | None, int | None, str, str], dict[str, Any]] = {}
     for e in events:
         if e.type == ev.EFFECT_RECEIPT:
-            receipts[(e.conversation, e.payload["tool_call_id"], e.payload.get("phase", "dispatch"))] = e.payload
+            key = (e.conversation, e.turn, e.step, e.payload["tool_call_id"], e.payload.get("phase", "dispatch"))
+            receipts.setdefault(key, e.payload)
     out = []
     for e in events:
         if e.type != ev.TOOL_DISPATCH or e.payload.get("effect") != "write":
             continue
-        key = (e.conversation, e.payload["tool_call_id"])
+        key = (e.conversation, e.turn, e.step, e.payload["tool_call_id"])
         dispatch = receipts.get((*key, "dispatch"))
         reconciled = receipts.get((*key, "reconciled"))
         if reconciled is not None:
@@ -58,7 +61,8 @@ def effects(store: EventStore, conversation: str | None = None) -> list[Effect]:
             state = outcome = ev.UNKNOWN
             evidence = {"reason": "no receipt was recorded"}
         out.append(Effect(e.conversation, e.turn, e.step, e.attempt, e.payload["tool_call_id"], e.payload["name"],
-                          e.payload.get("arguments", {}), e.payload, state, outcome, evidence))
+                          e.payload.get("arguments", {}), {**e.payload, "at_wall": e.at_wall}, state, outcome,
+                          evidence))
     return out
 
 

@@ -19,7 +19,7 @@ closed `interrupted` instead of `aborted`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pathlib import Path
@@ -62,10 +62,11 @@ class ToolEnv:
     commands: dict[str, list[str]] = field(default_factory=dict)
     kill_after_s: float = 2.0
     services: dict[str, Any] = field(default_factory=dict)
+    command_env: dict[str, str] = field(default_factory=dict)  # see voice.runtime.command_environment
 
     def context(self, conversation: str, turn: int, tool_call_id: str) -> ToolContext:
-        return ToolContext(conversation, turn, tool_call_id, self.data_dir, self.commands, self.kill_after_s,
-                           self.services)
+        return ToolContext(conversation, turn, tool_call_id, self.data_dir, self.commands, max(0.0, self.kill_after_s),
+                           self.services, self.command_env)
 
 
 @dataclass
@@ -91,6 +92,19 @@ class _TurnState:
 class TurnResult:
     turn: int
     outcome: str  # completed | aborted | interrupted | error
+
+
+def call_id(ref: UnitRef, index: int) -> str:
+    """Our id for the `index`-th tool call of a committed message: unique in
+    the log for its whole life, because the turn id is (DESIGN §9), whatever
+    ids the provider sends ("call_0" in every request, "skill_1" in every
+    process, none at all). Letters, digits and "_" only: providers accept it
+    when history goes back to them."""
+    return f"call_{ref.turn}_{ref.step}_{ref.attempt}_{index}"
+
+
+def _own_ids(ref: UnitRef, calls: list[ToolCall]) -> list[ToolCall]:
+    return [replace(c, id=call_id(ref, n)) for n, c in enumerate(calls)]
 
 
 def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]:
@@ -151,6 +165,9 @@ class AgentLoop:
         return self._scope is not None
 
     async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
+        # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
+        # replaced here, before the turn opens, so a turn never stays open.
+        user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         turn = self.store.start_turn(self.conversation, {"source": source})
         self.store.append(self.conversation, ev.USER_MESSAGE, {"content": user_text, "source": source}, turn=turn)
         state = _TurnState(turn)
@@ -186,7 +203,7 @@ class AgentLoop:
                 state.step_open = False
                 self.store.end_turn(self.conversation, state.turn, ev.ERROR, error="the language model request failed")
                 return ev.ERROR
-            calls = assembler.tool_calls()
+            calls = _own_ids(UnitRef(self.conversation, state.turn, state.step, state.attempt), assembler.tool_calls())
             # A completion the model streamed after its writes, once confirmed
             # and spoken, ends the turn: asking again would only repeat it.
             completed = await self._run_tools(state, calls) if calls else False
@@ -251,7 +268,7 @@ class AgentLoop:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                 await stream.aclose()
         await self.surface.close(ref)
-        calls = assembler.tool_calls()
+        calls = _own_ids(ref, assembler.tool_calls())
         record = self._stream_record(ref, assembler)
         if gate is not None:  # the message holds what came before the write; the rest waits for receipts
             state.held_text = "".join(b.text for b in assembler.blocks[gate:] if b.type == TEXT)
@@ -283,7 +300,8 @@ class AgentLoop:
         was confirmed and spoken."""
         state.pending_calls = list(calls)
         for call in calls:
-            self._append(ev.TOOL_CALL, state, {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments_json})
+            self._append(ev.TOOL_CALL, state, {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments_json,
+                                               "provider_id": call.provider_id})
         receipts: list[str] = []
         while state.pending_calls:
             call = state.pending_calls.pop(0)
@@ -347,20 +365,39 @@ class AgentLoop:
                                                     "state": outcome, "evidence": evidence})
 
     async def _unresolved_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any], ctx: ToolContext) -> bool:
-        """I9: a write identical to one whose outcome is still unknown is not
-        run again. reconcile() may resolve the earlier one first."""
-        for effect in effects(self.store, self.conversation):
-            if effect.tool == call.name and effect.arguments == args and effect.state == ev.UNKNOWN:
+        """I9: a write identical to an earlier one is not run again when the
+        earlier one's outcome is still unknown (reconcile() may resolve it
+        first), or when it did happen but its turn never completed (a crash,
+        a stop): the person may not have heard it was done, and a retry would
+        do it twice. The latter blocks once: after the person has been told,
+        asking again is a new request."""
+        earlier = [e for e in effects(self.store, self.conversation) if e.tool == call.name and e.arguments == args]
+        if not earlier:
+            return False
+        ended = {e.turn: e.payload.get("outcome") for e in self.store.events(self.conversation, types={ev.TURN_END})}
+        told = {(e.payload.get("blocked_turn"), e.payload.get("blocked_by"))  # results of this step are not read yet
+                for e in self.store.events(self.conversation, types={ev.TOOL_RESULT})
+                if e.payload.get("status") == ev.BLOCKED and (e.turn, e.step) != (state.turn, state.step)}
+        for effect in earlier:
+            if effect.outcome == ev.UNKNOWN:
                 tool = self.tools.get(call.name)
                 if tool is not None and tool.reconcile is not None:
                     effect = await reconcile_one(self.store, effect, tool, ctx)
-                if effect.state == ev.UNKNOWN:
-                    self._append(ev.TOOL_RESULT, state, {
-                        "tool_call_id": call.id, "name": call.name, "status": ev.BLOCKED,
-                        "error": f"an earlier {call.name} with these arguments (turn {effect.turn}) has an unknown "
-                                 "outcome; it was not repeated. Tell the person it may or may not have happened.",
-                        "blocked_by": effect.tool_call_id})
-                    return True
+            if effect.outcome == ev.UNKNOWN:
+                why = (f"an earlier {call.name} with these arguments (turn {effect.turn}) has an unknown outcome; it "
+                       "was not repeated. Tell the person it may or may not have happened.")
+            elif (effect.outcome == ev.CONFIRMED and ended.get(effect.turn) != ev.COMPLETED
+                  and (effect.turn, effect.tool_call_id) not in told):
+                when = ("earlier in this turn" if effect.turn == state.turn else
+                        f"(turn {effect.turn}), but that turn was cut short before the person heard so")
+                why = (f"an earlier {call.name} with these arguments did happen {when}; it was not repeated. Tell "
+                       "the person it was already done.")
+            else:
+                continue
+            self._append(ev.TOOL_RESULT, state, {
+                "tool_call_id": call.id, "name": call.name, "status": ev.BLOCKED, "error": why,
+                "blocked_by": effect.tool_call_id, "blocked_turn": effect.turn})
+            return True
         return False
 
     async def _release_held(self, state: _TurnState, receipts: list[str]) -> bool:

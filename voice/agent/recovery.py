@@ -2,12 +2,19 @@
 
 For every turn without a `turn/end`, in order: a stream that was open gets
 an `assistant/attempt` (its text was never committed) and its end frame;
-dispatched calls without a result get one (`cancelled`) and, for writes, an
-`unknown` receipt; committed calls never dispatched get
-ABORTED_BEFORE_DISPATCH; an open step gets `step/end`; the turn ends
-`interrupted`. Nothing is re-executed. Then unknown writes are reconciled
-where their tool can look. Turns the person stopped (`aborted`) already
-ended and stay stopped: recovery starts no step.
+dispatched calls without a result get one that states what the receipts
+prove (`_recovered_result`), and a write with no receipt gets an `unknown`
+one; committed calls never dispatched get ABORTED_BEFORE_DISPATCH; an open
+step gets `step/end`; the turn ends `interrupted`. Nothing is re-executed.
+Then unknown writes are reconciled where their tool can look. Turns the
+person stopped (`aborted`) already ended and stay stopped: recovery starts
+no step.
+
+A call is named by (step, id) within its turn, as the log's unique indexes
+name it, so recovery writes at most one result and receipt per call and
+never runs into those indexes: a start on any log this program wrote
+succeeds (logs from before ids were minted reuse ids across turns and, from
+some servers, across steps).
 """
 
 from __future__ import annotations
@@ -59,27 +66,32 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
                                            "content": [], "stream": []}, step, attempt)
             add(ev.ASSISTANT_STREAM, {"frame": "end", "aborted": True, "reason": "crashed"}, step, attempt)
 
-        results = {e.payload["tool_call_id"] for e in events if e.type == ev.TOOL_RESULT}
-        dispatched = {e.payload["tool_call_id"]: e for e in events if e.type == ev.TOOL_DISPATCH}
-        receipts = {e.payload["tool_call_id"] for e in events if e.type == ev.EFFECT_RECEIPT}
+        def key(e) -> tuple[int | None, str]:
+            return e.step, e.payload["tool_call_id"]
+
+        results = {key(e) for e in events if e.type == ev.TOOL_RESULT}
+        dispatched = {key(e): e for e in events if e.type == ev.TOOL_DISPATCH}
+        receipts = {key(e): e.payload["state"] for e in events
+                    if e.type == ev.EFFECT_RECEIPT and e.payload.get("phase", "dispatch") == "dispatch"}
         for e in events:
-            if e.type != ev.TOOL_CALL or e.payload["tool_call_id"] in results:
+            if e.type != ev.TOOL_CALL or key(e) in results:
                 continue
+            results.add(key(e))  # one result per call, even if a provider repeated an id in one message
             call_id, name = e.payload["tool_call_id"], e.payload["name"]
-            d = dispatched.get(call_id)
+            d = dispatched.get(key(e))
             if d is None:
                 add(ev.TOOL_RESULT, {"tool_call_id": call_id, "name": name, "status": ev.ABORTED_BEFORE_DISPATCH,
                                      "error": "the assistant stopped before this call ran"}, e.step, e.attempt)
                 continue
             write = d.payload.get("effect") == "write"
-            if write and call_id not in receipts:
+            receipt = receipts.get(key(e))
+            if write and receipt is None:
+                receipt = ev.UNKNOWN
                 add(ev.EFFECT_RECEIPT, {"tool_call_id": call_id, "name": name, "phase": "dispatch",
                                         "state": ev.UNKNOWN,
                                         "evidence": {"crashed": "the process stopped between dispatch and receipt"}},
                     e.step, e.attempt)
-            add(ev.TOOL_RESULT, {"tool_call_id": call_id, "name": name, "status": "cancelled",
-                                 "error": "the assistant stopped before this call finished",
-                                 "receipt": ev.UNKNOWN if write else None}, e.step, e.attempt)
+            add(ev.TOOL_RESULT, _recovered_result(call_id, name, receipt if write else None), e.step, e.attempt)
         starts = sum(1 for e in events if e.type == ev.STEP_START)
         ends = sum(1 for e in events if e.type == ev.STEP_END)
         if starts > ends:
@@ -87,6 +99,23 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
         if store.end_turn(conversation, turn, ev.INTERRUPTED, reason="restart"):
             closed.append((conversation, turn))
     return closed
+
+
+def _recovered_result(call_id: str, name: str, receipt: str | None) -> dict:
+    """The result of a call the crash left without one: what its dispatch
+    receipt proves, never more. A confirmed write is reported as done (the
+    model must not be told it was cancelled, or it may do it again)."""
+    base = {"tool_call_id": call_id, "name": name, "receipt": receipt, "recovered": True}
+    if receipt == ev.CONFIRMED:
+        return {**base, "status": "ok", "content": {
+            "done": True, "note": "its receipt confirms it happened; the assistant stopped before it read the output"}}
+    if receipt == ev.FAILED:
+        return {**base, "status": "error",
+                "error": "its receipt says it failed; the assistant stopped before it read the output"}
+    if receipt == ev.UNKNOWN:
+        return {**base, "status": "cancelled",
+                "error": "the assistant stopped before this call finished; it may or may not have happened"}
+    return {**base, "status": "cancelled", "error": "the assistant stopped before this call finished"}
 
 
 async def recover(store: EventStore, tools: ToolRegistry, tool_env) -> RecoveryReport:

@@ -98,6 +98,10 @@ def load_scenario(path: str | Path) -> Scenario:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"scenario not found: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"scenario {path} is a directory: give its .toml file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read the scenario {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"scenario {path} is not valid TOML: {exc}") from None
     unknown = set(data) - _TOP

@@ -17,13 +17,21 @@ def read_mono16k(path: str | Path, rate: int = 16000) -> np.ndarray:
     """A WAV as int16 mono at `rate`. Other rates are resampled (soxr);
     stereo is refused with the fix, since mixing could hide a wrong file."""
     path = Path(path)
+    if path.is_dir():
+        raise BadAudio(f"{path} is a directory, not a WAV file")
     try:
         with wave.open(str(path), "rb") as w:
             channels, width, src_rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
             frames = w.readframes(w.getnframes())
     except FileNotFoundError:
         raise BadAudio(f"audio file not found: {path}") from None
-    except (wave.Error, EOFError) as exc:
+    except OSError as exc:
+        raise BadAudio(f"cannot read the audio file {path}: {exc.strerror or exc}") from None
+    except EOFError:  # the wave module says nothing more
+        size = path.stat().st_size
+        why = "it is empty (0 bytes)" if size == 0 else f"it ends ({size} bytes) before its WAV header does"
+        raise BadAudio(f"{path} is not a readable WAV file: {why}") from None
+    except wave.Error as exc:
         raise BadAudio(f"{path} is not a readable WAV file: {exc}") from None
     if width != 2:
         raise BadAudio(f"{path}: {8 * width}-bit samples; convert to 16-bit: sox {path.name} -b 16 out.wav")

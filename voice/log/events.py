@@ -45,6 +45,12 @@ EVENT_TYPES: Final = frozenset(
 
 SURFACE_TYPES: Final = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
 
+# Committed with an fsync (synchronous=FULL): an effect in the world starts
+# only once its dispatch (and so every event before it) is on disk, and what
+# is known of it afterwards (receipt, timer, the turn's end) survives an OS
+# crash as well as a killed process.
+DURABLE_TYPES: Final = frozenset({TOOL_DISPATCH, EFFECT_RECEIPT, TIMER_SET, TIMER_CANCEL, TIMER_FIRED, TURN_END})
+
 # turn/end outcomes
 COMPLETED: Final = "completed"
 ABORTED: Final = "aborted"  # the person stopped it
@@ -93,8 +99,12 @@ class Event:
 
 def encode_payload(payload: dict[str, Any]) -> str:
     """JSON with no NaN and no silent coercion: a payload that is not plain
-    JSON is a bug at the caller, reported before anything is written."""
+    JSON (or text that is not valid Unicode, such as a lone surrogate, which
+    SQLite cannot store as UTF-8) is a bug at the caller, reported before
+    anything is written."""
     try:
-        return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise ValueError(f"event payload is not JSON-serialisable: {exc}") from exc
+    return text

@@ -105,8 +105,9 @@ def tool_result_text(payload: dict[str, Any]) -> str:
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         receipt = payload.get("receipt")  # writes: what is known of the effect
         return f"{receipt}: {text}" if receipt else text
-    if payload.get("receipt") == "unknown" and status == "error":  # e.g. a write that timed out
-        return f"unknown: {payload.get('error', '')}"
+    receipt = payload.get("receipt")
+    if receipt and status != ev.BLOCKED:  # a dispatched write: what its receipt proves comes first, never "cancelled"
+        return f"{receipt}: {payload.get('error', '')}".strip()
     return f"{status}: {payload.get('error') or payload.get('content') or ''}".strip()
 
 

@@ -3,25 +3,39 @@
 Invariants the database itself enforces:
 - rows are never updated or deleted (triggers abort such statements);
 - each (conversation, turn) has at most one `turn/end` (a partial unique
-  index), so a stop racing a completion yields one terminal outcome.
+  index), so a stop racing a completion yields one terminal outcome;
+- each tool call (conversation, turn, step, id) has at most one result and
+  one receipt per phase.
 
-Appends are synchronous and small (one INSERT + COMMIT in WAL with
-synchronous=NORMAL, durable against a process crash); see
-benchmarks/log_append.py for the measured cost.
+Durability: an append is one INSERT + COMMIT. Most commits run with
+synchronous=NORMAL (durable against a process crash, not an OS crash); the
+events an effect in the world depends on (`DURABLE_TYPES`: a dispatch, a
+receipt, a timer, a turn's end) commit with synchronous=FULL, which fsyncs
+the WAL and with it every event before them, so after an OS crash no effect
+exists without its dispatch on disk. benchmarks/log_append.py measures both.
+
+Opening checks the log before anything is written (see `_open`): a path that
+cannot hold a log, a damaged database or write-ahead log are refused with
+one line naming the problem, and a copy of the files as found is kept.
+The log and its -wal/-shm are private to the user (0600).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
+import stat
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from voice.log.events import EVENT_TYPES, TURN_END, TURN_START, Event, encode_payload
+from voice.log.events import DURABLE_TYPES, EVENT_TYPES, RECOVERY, TURN_END, TURN_START, Event, encode_payload
+from voice.log.wal import find_damage, in_use
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each entry upgrades a database from version N-1 to N. Version 0 is the
 # first layout (events table only); every later step must keep old rows valid.
@@ -41,6 +55,22 @@ _MIGRATIONS: dict[int, str] = {
         ON events(conversation, json_extract(payload, '$.tool_call_id')) WHERE type = 'tool/result';
     CREATE UNIQUE INDEX IF NOT EXISTS one_receipt_per_phase
         ON events(conversation, json_extract(payload, '$.tool_call_id'), json_extract(payload, '$.phase'))
+        WHERE type = 'effect/receipt';
+    """,
+    # A tool call is named by its turn and step as well as its id. Before
+    # ids were minted from the log (issue #11) a provider's ids ("skill_1",
+    # "call_0") restarted in every process, so a later turn could reuse an
+    # earlier turn's id, and the version-2 indexes then refused that turn's
+    # own result or receipt: a log wedged for good. Keyed by the turn and step
+    # too, every call already in such a log has its own slot, and recovery
+    # can close it. New ids are unique in the log anyway (they hold the turn).
+    3: """
+    DROP INDEX IF EXISTS one_tool_result;
+    DROP INDEX IF EXISTS one_receipt_per_phase;
+    CREATE UNIQUE INDEX one_tool_result
+        ON events(conversation, turn, step, json_extract(payload, '$.tool_call_id')) WHERE type = 'tool/result';
+    CREATE UNIQUE INDEX one_receipt_per_phase
+        ON events(conversation, turn, step, json_extract(payload, '$.tool_call_id'), json_extract(payload, '$.phase'))
         WHERE type = 'effect/receipt';
     """,
 }
@@ -69,25 +99,48 @@ class DuplicateTurnEnd(DuplicateTerminal):
     """A second `turn/end` for the same turn was refused by the database."""
 
 
+class LogDamaged(ValueError):
+    """The log's files are damaged; a copy as found was kept (`copy`)."""
+
+    def __init__(self, message: str, copy: Path):
+        super().__init__(message)
+        self.copy = copy
+
+
 class EventStore:
     """Append and read events. One instance per process; safe to use from
-    the event loop thread (appends are sub-millisecond)."""
+    the event loop thread (an append is well under a millisecond; one of
+    `DURABLE_TYPES` waits for its fsync, a few milliseconds)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        _prepare(self.path)
+        self._db = _open(self.path)
         try:
             self._check_version()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
+            self._check_integrity()
             self._migrate()
+            _make_private(self.path)  # the -wal and -shm exist from here on
         except (sqlite3.DatabaseError, ValueError) as exc:
             self._db.close()
             if isinstance(exc, ValueError):
                 raise
             raise ValueError(f"cannot open the event log {self.path}: {exc}") from exc
+
+    def _check_integrity(self) -> None:
+        """A damaged page is found now, with one clear line, not later as a
+        traceback in the middle of a turn. quick_check reads every page
+        (benchmarks/log_append.py measures it on a large log)."""
+        problems = [r[0] for r in self._db.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            copy = _keep_copy(self.path)
+            found = "; ".join(" ".join(p.split()) for p in problems)  # one line
+            raise LogDamaged(f"the event log {self.path} is damaged ({found}); a copy as found is in "
+                             f"{copy}: move the log aside to start a new one, or recover rows with "
+                             f"`sqlite3 {copy / self.path.name} .recover`", copy)
 
     def _check_version(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -123,6 +176,9 @@ class EventStore:
         payload = payload or {}
         text = encode_payload(payload)
         at_mono, at_wall = time.monotonic(), time.time()
+        durable = type in DURABLE_TYPES
+        if durable:  # this commit fsyncs the WAL: it and everything before it survive an OS crash
+            self._db.execute("PRAGMA synchronous=FULL")
         try:
             cur = self._db.execute(
                 "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
@@ -132,7 +188,11 @@ class EventStore:
         except sqlite3.IntegrityError as exc:
             if type == TURN_END:
                 raise DuplicateTurnEnd(f"turn {turn} of {conversation} already ended") from exc
-            raise DuplicateTerminal(f"{type} for {payload.get('tool_call_id')} of {conversation} already recorded") from exc
+            raise DuplicateTerminal(f"{type} for {payload.get('tool_call_id')} of {conversation} "
+                                    f"(turn {turn}, step {step}) already recorded") from exc
+        finally:
+            if durable:
+                self._db.execute("PRAGMA synchronous=NORMAL")
         return Event(cur.lastrowid, conversation, turn, step, attempt, type, payload, at_mono, at_wall)
 
     def start_turn(self, conversation: str, payload: dict[str, Any]) -> int:
@@ -243,4 +303,82 @@ class EventStore:
 
 def new_conversation_id() -> str:
     return "c-" + uuid.uuid4().hex[:10]
+
+
+# -- opening -----------------------------------------------------------------
+
+
+def _prepare(path: Path) -> None:
+    """Make sure `path` can hold a log, or say in one line why not. A new
+    log and its folder are created private (0600, 0700)."""
+    if path.is_dir():
+        raise ValueError(f"the event log {path} is a directory, not a file: name a file in it, e.g. {path / 'events.db'}")
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"cannot create the event log {path}: {blocker} is a file, not a directory")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as exc:
+        raise ValueError(f"cannot create the event log {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise ValueError(f"the event log {path} is not a regular file")
+    _make_private(path)
+
+
+def _make_private(path: Path) -> None:
+    """The log holds utterances, notes and command output: user-only. Logs
+    written by earlier versions (0644) are tightened too."""
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            if stat.S_IMODE(name.stat().st_mode) & 0o077:
+                os.chmod(name, 0o600)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise ValueError(f"cannot make the event log {name} private (chmod 600): {exc.strerror or exc}") from None
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Connect, after checking what SQLite's WAL recovery would drop. When
+    committed events would be lost, a copy of the files as found is kept,
+    the readable part is checkpointed (so the next start continues from
+    it) and the loss is said, once, in one line and in the log itself."""
+    damage = None if in_use(path) else find_damage(path)
+    copy = _keep_copy(path) if damage is not None else None
+    try:
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise ValueError(f"cannot open the event log {path}: {exc}") from None
+    if damage is None or copy is None:
+        return db
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
+            last = db.execute("SELECT conversation FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+            db.execute(
+                "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (last[0] if last else "", None, None, None, RECOVERY,
+                 encode_payload({"log_damage": damage.reason, "lost_commits": damage.lost_commits, "copy": str(copy)}),
+                 time.monotonic(), time.time()),
+            )
+    finally:
+        db.close()
+    raise LogDamaged(f"the event log {path} was damaged: {damage.reason}; the files as found are kept in {copy}, "
+                     "and the next start continues from what was readable", copy)
+
+
+def _keep_copy(path: Path) -> Path:
+    """Copy the log's files, as found, into a private folder beside it,
+    named by the log's last change: the same damage found again (a service
+    restarted in a loop) reuses the copy instead of piling them up."""
+    files = [p for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists()]
+    stamp = int(path.stat().st_mtime)
+    copy = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
+    copy.mkdir(mode=0o700, exist_ok=True)
+    for p in files:
+        if not (copy / p.name).exists():
+            shutil.copy2(p, copy / p.name)
+    return copy
 

@@ -1,18 +1,33 @@
-"""The control socket: JSON lines over a Unix socket (mode 0600) under
-$XDG_RUNTIME_DIR/voice/.
+"""The control socket: JSON lines over a Unix socket (mode 0600) in a
+private directory: $XDG_RUNTIME_DIR/voice/, or without XDG_RUNTIME_DIR,
+$XDG_STATE_HOME/voice/run/ (in the user's home, never a shared /tmp path
+that another user could create first). A directory that exists with another
+owner, as a symlink, or writable by others is refused, not used.
 
 Requests are objects with a "cmd": status, say {"text"}, cancel, mute,
 unmute, history, events {"after"?}. Each gets one reply line
 ({"ok": true, ...} or {"ok": false, "error": ...}); `events` then streams
-log events as lines until the client goes away. A malformed request gets an
-error reply and touches nothing else; a client that misbehaves only ever
-ends its own connection.
+log events as lines until the client goes away.
+
+No client can take the daemon down: whatever happens on one connection
+(a client gone before its reply, a request that is not JSON, nested too
+deep, an integer SQLite cannot hold, text that is not valid Unicode, a bug)
+ends at most that connection. A malformed request gets an error reply and
+touches nothing else. Lines are at most MAX_LINE bytes, nesting at most
+MAX_DEPTH, integers 64-bit; at most MAX_CONNECTIONS connections are served
+at once (one more is told so and closed), and a connection that sends no
+request for IDLE_S seconds, or does not read its replies for SEND_S, is
+closed.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +37,118 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from voice.errors import UsageError
 from voice.log.projections import derive_messages
+from voice.paths import state_dir
 
 MAX_LINE = 64 * 1024
+MAX_DEPTH = 32
+MAX_CONNECTIONS = 64
+IDLE_S = 60.0
+SEND_S = 10.0
+_MAX_INT = 2**63 - 1  # what SQLite holds
+_SOCKET_PATH_MAX = 107  # sun_path, less its NUL
 COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "events")
 
 
 def socket_path(config: dict[str, Any]) -> Path:
     if config["service"]["socket"]:
         return Path(config["service"]["socket"])
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/voice-{os.getuid()}"
-    return Path(runtime) / "voice" / "control.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "voice" / "control.sock"
+    return state_dir() / "run" / "control.sock"
+
+
+def checked_socket_path(config: dict[str, Any]) -> Path:
+    """The socket path, once its directory is known to be private and the
+    path fits in a Unix socket address; UsageError naming the fix if not."""
+    path = socket_path(config)
+    if len(os.fsencode(path)) > _SOCKET_PATH_MAX:
+        raise UsageError(f"the control socket path {path} is longer than {_SOCKET_PATH_MAX} bytes: "
+                         "set [service] socket to a shorter one")
+    private_socket_dir(path.parent)
+    return path
+
+
+def private_socket_dir(directory: Path) -> None:
+    """Create the socket's directory 0700, or check that an existing one is
+    ours and that nobody else can write in it (where a socket could be
+    swapped for another). One line naming the problem and the fix if not."""
+    try:
+        directory.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot create the control socket's directory {directory}: {exc.strerror or exc}") from None
+    st = directory.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"the control socket's directory {directory} is not a directory (a symlink or a file): "
+                         "remove it, or set [service] socket")
+    if st.st_uid != os.getuid():
+        raise UsageError(f"the control socket's directory {directory} belongs to uid {st.st_uid}, not to you "
+                         f"(uid {os.getuid()}): remove it, or set [service] socket")
+    if st.st_mode & 0o022:
+        raise UsageError(f"the control socket's directory {directory} is writable by others "
+                         f"(mode {stat.S_IMODE(st.st_mode):o}): chmod 700 {directory}")
+
+
+class MalformedRequest(ValueError):
+    """A request line the daemon does not act on."""
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > _MAX_INT:
+        raise MalformedRequest(f"integer {text[:20]}{'…' if len(text) > 20 else ''} is out of range (64-bit)")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise MalformedRequest(f"{name} is not a JSON number")
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def parse_request(line: bytes) -> dict[str, Any]:
+    """One request line -> its object; MalformedRequest saying why not.
+    Depth is checked before parsing (deep nesting would exhaust the parser's
+    recursion), and every string must be valid Unicode (a lone surrogate
+    cannot be written to the log)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedRequest(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    depth = deepest = 0
+    for ch in re.sub(r"[^\[\]{}]", "", _STRING.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            raise MalformedRequest(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        request = json.loads(text, parse_int=_bounded_int, parse_constant=_refuse_constant)
+    except MalformedRequest:
+        raise
+    except ValueError as exc:
+        raise MalformedRequest(str(exc)) from None
+    if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
+        raise MalformedRequest('a request is a JSON object with a "cmd" string')
+    try:
+        json.dumps(request, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedRequest("text is not valid Unicode (a lone surrogate)") from None
+    return request
 
 
 class ControlServer:
     def __init__(self, session, config: dict[str, Any]):
         self.session = session
+        self.config = config
         self.path = socket_path(config)
+        self.connections = 0
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self.path.exists():
+        checked_socket_path(self.config)
+        if self.path.is_symlink() or self.path.exists():
             try:
                 probe = await anyio.connect_unix(self.path)
             except OSError:
@@ -57,37 +164,76 @@ class ControlServer:
             os.umask(old_umask)
         task_status.started()
         try:
-            async with listener:
-                await listener.serve(self._client)
+            async with listener, anyio.create_task_group() as tg:
+                while True:
+                    try:
+                        stream = await listener.accept()
+                    except anyio.BrokenResourceError as exc:
+                        cause = exc.__cause__
+                        if isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
+                                                                          errno.ENOMEM, errno.ECONNABORTED):
+                            await anyio.sleep(0.1)  # out of descriptors for now: the next accept may work
+                            continue
+                        raise
+                    if self.connections >= MAX_CONNECTIONS:
+                        tg.start_soon(self._refuse, stream)
+                    else:
+                        self.connections += 1
+                        tg.start_soon(self._client, stream)
         finally:
             self.path.unlink(missing_ok=True)
 
-    async def _client(self, stream: ByteStream) -> None:
-        reader = BufferedByteReceiveStream(stream)
+    async def _refuse(self, stream: ByteStream) -> None:
         async with stream:
-            while True:
+            with anyio.move_on_after(1.0):
                 try:
+                    await self._send(stream, {"ok": False, "error": f"too many connections ({MAX_CONNECTIONS} are "
+                                                                    "open): try again when one has closed"})
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+
+    async def _client(self, stream: ByteStream) -> None:
+        """One connection. Invariant: nothing raised here reaches the
+        listener; a cancellation (shutdown) still propagates."""
+        try:
+            async with stream:
+                await self._converse(stream)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, TimeoutError, OSError):
+            pass  # the client went away or stopped reading
+        except Exception as exc:  # a bug must cost this connection, not the daemon: say it and go on
+            print(f"voice: control connection closed after an error: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+        finally:
+            self.connections -= 1
+
+    async def _converse(self, stream: ByteStream) -> None:
+        reader = BufferedByteReceiveStream(stream)
+        while True:
+            try:
+                with anyio.fail_after(IDLE_S):
                     line = await reader.receive_until(b"\n", MAX_LINE)
-                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
-                    return
-                except anyio.DelimiterNotFound:
-                    await self._send(stream, {"ok": False, "error": f"request longer than {MAX_LINE} bytes"})
-                    return
-                try:
-                    request = json.loads(line)
-                    if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
-                        raise ValueError('a request is a JSON object with a "cmd" string')
-                except ValueError as exc:
-                    await self._send(stream, {"ok": False, "error": f"malformed request: {exc}"})
-                    continue
-                if request["cmd"] == "events":
-                    await self._events(stream, request)
-                    return
-                await self._send(stream, await self.handle(request))
+            except (anyio.IncompleteRead, anyio.EndOfStream):
+                return
+            except TimeoutError:
+                await self._send(stream, {"ok": False, "error": f"no request for {IDLE_S:.0f} s: closing"})
+                return
+            except anyio.DelimiterNotFound:
+                await self._send(stream, {"ok": False, "error": f"request longer than {MAX_LINE} bytes"})
+                return
+            try:
+                request = parse_request(line)
+            except MalformedRequest as exc:
+                await self._send(stream, {"ok": False, "error": f"malformed request: {exc}"})
+                continue
+            if request["cmd"] == "events":
+                await self._events(stream, request)
+                return
+            await self._send(stream, await self.handle(request))
 
     @staticmethod
     async def _send(stream: ByteStream, reply: dict[str, Any]) -> None:
-        await stream.send(json.dumps(reply, ensure_ascii=False).encode() + b"\n")
+        with anyio.fail_after(SEND_S):  # a client that does not read gives up its connection
+            await stream.send(json.dumps(reply, ensure_ascii=False).encode() + b"\n")
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         s = self.session
@@ -105,6 +251,8 @@ class ControlServer:
             if not isinstance(text, str) or not text.strip():
                 return {"ok": False, "error": 'say needs {"text": "..."}'}
             result = await s.submit_text(text.strip())
+            if result is None:
+                return {"ok": False, "error": "the turn failed; see the daemon's log"}
             from voice.log.projections import turn_reply
 
             reply = turn_reply(s.store, s.conversation, result.turn)
@@ -120,16 +268,16 @@ class ControlServer:
 
     async def _events(self, stream: ByteStream, request: dict[str, Any]) -> None:
         after = request.get("after")
-        after = after if isinstance(after, int) else self.session.store.last_seq()
+        if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+            await self._send(stream, {"ok": False, "error": '"after" must be a sequence number (0 or more)'})
+            return
+        after = after if after is not None else self.session.store.last_seq()
         await self._send(stream, {"ok": True, "streaming": "events", "after": after})
-        try:
-            while True:
-                for event in self.session.store.events(after_seq=after):
-                    await self._send(stream, event.to_json())
-                    after = event.seq
-                await anyio.sleep(0.1)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            return  # the client left
+        while True:  # until the client leaves (the send fails) or the daemon stops
+            for event in self.session.store.events(after_seq=after):
+                await self._send(stream, event.to_json())
+                after = event.seq
+            await anyio.sleep(0.1)
 
 
 async def request(path: Path, payload: dict[str, Any], *, stream_lines: bool = False, out=None) -> int:

@@ -54,12 +54,13 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
     from voice.agent.providers.scripted import ScriptedProvider
     from voice.log.store import new_conversation_id
     from voice.runtime import build_runtime, loop_settings, start
-    from voice.service.control import ControlServer
+    from voice.service.control import ControlServer, checked_socket_path
     from voice.speech.models import ModelMissing, load_with_progress
     from voice.speech.session import BargeInSettings, ListenSettings, VadSettings, VoiceSession
     from voice.speech.stt import WhisperEngine
     from voice.speech.tts import PiperEngine
 
+    checked_socket_path(config)  # a socket directory that is not private fails before the models load
     session: VoiceSession | None = None
     device, scenario = _open_device(config, replay, idle=lambda: session is not None and session.idle())
     spec = llm_spec or config["llm"]["provider"]

@@ -274,6 +274,8 @@ class SkillsProvider:
         action = SKILLS.get(name, ("that",))[0]
         if (failed := FAILURE.match(content)) is not None:
             kind, why = failed[1] or failed[2], _reason(failed[3])
+            if kind == "blocked" and "did happen" in why:
+                return f"I did not repeat {action}: it was already done."
             if kind == "blocked":
                 return f"I did not try {action} again, because an earlier try may or may not have worked."
             if kind == "unknown":

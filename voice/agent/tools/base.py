@@ -49,6 +49,7 @@ class ToolContext:
     commands: dict[str, list[str]] = field(default_factory=dict)
     kill_after_s: float = 2.0  # SIGTERM -> SIGKILL bound for external processes
     services: dict[str, Any] = field(default_factory=dict)  # e.g. "timers": the timer service
+    command_env: dict[str, str] = field(default_factory=dict)  # the whole environment of commands it runs
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Tool:
     effect: Effect
     run: Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutcome | Any]]
     timeout_s: float = 10.0
-    # (arguments, the dispatch's payload) -> a receipt; for unknown writes
+    # (arguments, the dispatch's payload with `at_wall`, when it was logged) -> a receipt; for unknown writes
     reconcile: Callable[[dict[str, Any], dict[str, Any], ToolContext], Awaitable[Receipt]] | None = None
 
     def schema(self) -> dict[str, Any]:

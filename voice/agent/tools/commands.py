@@ -4,6 +4,10 @@ The model only names a command; the argv comes from the configuration, so
 nothing else can run. The process runs in its own group and is stopped with
 everything it started if the turn is cancelled (see `processes.run_process`);
 the cancellation propagates and the loop records the receipt as unknown.
+
+Its environment is only the variables named in `tools.command_env` (PATH,
+HOME, the locale, ...), never the daemon's whole environment: an API key
+there would otherwise reach the command, its output, the log and the model.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ async def _run_command(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
         raise ToolError(f"command {name!r} is misconfigured (its argv must be a non-empty list of strings)")
     argv = list(argv)
     try:
-        result = await run_process(argv, kill_after_s=ctx.kill_after_s)
+        result = await run_process(argv, kill_after_s=ctx.kill_after_s, env=ctx.command_env)
     except OSError as e:  # raised only when the program could not start: nothing ran
         error = f"{type(e).__name__}: {e}"
         return ToolOutcome(

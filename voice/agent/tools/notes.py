@@ -1,8 +1,14 @@
 """add_note / read_notes: a plain-text notes file under the XDG data dir.
 
+One note per line: "YYYY-MM-DD HH:MM:SS<TAB>text" (local time; notes
+written before issue #11 have minutes only). The text is one line of
+printable characters: control characters (ESC, NUL, ...) and bidirectional
+overrides are dropped, so the file shows what was said when printed.
+
 The write is appended with O_APPEND and fsync'd before the receipt is
 made; the receipt carries the byte offset, length and SHA-256 of the line.
-`reconcile()` reads the file to find out whether an unknown write landed.
+`reconcile()` reads the file to find out whether an unknown write landed:
+a line with the text, stamped at or after the dispatch.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +26,10 @@ import anyio
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome
 
 NOTES_FILE = "notes.txt"
+_STAMP = "%Y-%m-%d %H:%M:%S"
+_OLD_STAMP = "%Y-%m-%d %H:%M"  # minute precision, before issue #11
+_ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")  # terminal colours, cursor moves
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def _path(ctx: ToolContext) -> Path:
@@ -25,7 +37,21 @@ def _path(ctx: ToolContext) -> Path:
 
 
 def _line(text: str, when: dt.datetime) -> bytes:
-    return f"{when:%Y-%m-%d %H:%M}\t{text}\n".encode()
+    return f"{when.strftime(_STAMP)}\t{text}\n".encode()
+
+
+def _stamped_at_or_after(stamp: str, since: float) -> bool:
+    """Whether a line's stamp is not earlier than `since` (epoch seconds),
+    compared at the stamp's own precision."""
+    for fmt, unit in ((_STAMP, "seconds"), (_OLD_STAMP, "minutes")):
+        try:
+            written = dt.datetime.strptime(stamp, fmt)
+        except ValueError:
+            continue
+        start = dt.datetime.fromtimestamp(since)
+        start = start.replace(microsecond=0) if unit == "seconds" else start.replace(second=0, microsecond=0)
+        return written >= start
+    return False
 
 
 class _NotSynced(Exception):
@@ -50,6 +76,9 @@ def _append_synced(path: Path, line: bytes) -> tuple[int, int]:
 
 def _text_arg(args: dict[str, Any]) -> str:
     text = args.get("text")
+    if isinstance(text, str):
+        text = "".join(" " if ch.isspace() else ch for ch in _ESCAPE_SEQUENCE.sub("", text)
+                       if ch.isspace() or (unicodedata.category(ch) not in ("Cc", "Cs") and ch not in _BIDI_CONTROLS))
     if not isinstance(text, str) or not text.strip():
         raise ToolError("add_note needs {\"text\": \"what to write\"}")
     return " ".join(text.split())  # one line per note
@@ -73,21 +102,26 @@ async def _add_note(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
 
 async def _reconcile_note(args: dict[str, Any], dispatch: dict[str, Any], ctx: ToolContext) -> Receipt:
     """Confirmed if a line with this text was written at or after the
-    dispatch (minute precision), failed if the file holds none."""
+    dispatch (at the stamp's precision: seconds, or minutes for old lines),
+    failed if the file holds none. An older note with the same text is not
+    this call's."""
     text = _text_arg(args)
     path = _path(ctx)
+    since = dispatch.get("at_wall")
     try:
         data = await anyio.Path(path).read_bytes()
     except FileNotFoundError:
         return Receipt("failed", {"path": str(path), "reason": "no notes file"})
+    if not isinstance(since, (int, float)):
+        return Receipt("unknown", {"path": str(path), "reason": "the dispatch has no time to compare with"})
     offset = 0
     for raw in data.splitlines(keepends=True):
         stamp, _, body = raw.decode(errors="replace").rstrip("\n").partition("\t")
-        if body == text:
+        if body == text and _stamped_at_or_after(stamp, since):
             return Receipt("confirmed", {"path": str(path), "offset": offset, "length": len(raw),
                                          "sha256": hashlib.sha256(raw).hexdigest(), "written_at": stamp})
         offset += len(raw)
-    return Receipt("failed", {"path": str(path), "reason": "no such note in the file"})
+    return Receipt("failed", {"path": str(path), "reason": "no such note written since the dispatch"})
 
 
 async def _read_notes(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

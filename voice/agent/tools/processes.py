@@ -39,9 +39,12 @@ import secrets
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import anyio
+
+from voice.paths import user_umask
 
 OUTPUT_CAP = 64 * 1024
 TAG_VARIABLE = "VOICE_PROCESS_TAG"
@@ -75,8 +78,13 @@ async def run_process(
     kill_after_s: float,
     stdin: bytes | None = None,
     timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ProcessResult:
     """Run `argv` to completion and return its exit status and output.
+
+    `env` is the child's whole environment (default: this process's); the
+    run's tag is added to it. The child gets the user's own umask back
+    (`voice.paths.user_umask`), not the service's private one.
 
     Raises the spawn error (FileNotFoundError, PermissionError, ...) if the
     program cannot start: then nothing ran. Raises `ProcessTimeoutError` (a
@@ -89,8 +97,7 @@ async def run_process(
     if kill_after_s < 0:
         raise ValueError("kill_after_s must be >= 0")
     tag = secrets.token_hex(16)
-    env = dict(os.environ)
-    env[TAG_VARIABLE] = tag
+    env = {**(os.environ if env is None else env), TAG_VARIABLE: tag}
     run = _Run(f"{TAG_VARIABLE}={tag}".encode())
     out, err = _Tail(OUTPUT_CAP), _Tail(OUTPUT_CAP)
     started = time.monotonic()
@@ -112,6 +119,7 @@ async def run_process(
                         stderr=asyncio.subprocess.PIPE,
                         start_new_session=True,
                         env=env,
+                        umask=user_umask(),
                     )
                 except OSError:
                     spawn_failed = True  # nothing started

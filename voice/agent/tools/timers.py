@@ -149,7 +149,8 @@ async def _set_timer(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
 async def _reconcile_set(args: dict[str, Any], dispatch: dict[str, Any], ctx: ToolContext) -> Receipt:
     service = _service(ctx)
     for e in service.store.events(types={ev.TIMER_SET}):
-        if e.payload.get("tool_call_id") == dispatch.get("tool_call_id") and e.conversation == ctx.conversation:
+        if (e.payload.get("tool_call_id"), e.conversation, e.turn) == (dispatch.get("tool_call_id"), ctx.conversation,
+                                                                       ctx.turn):
             return Receipt("confirmed", {"timer_id": e.payload["timer_id"], "seq": e.seq})
     return Receipt("failed", {"reason": "no timer/set event for this call"})
 
