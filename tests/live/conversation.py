@@ -193,7 +193,9 @@ class Conversation:
 
 
 def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_AFTER_S,
-             config: str | None = None) -> Conversation:
+             config: str | None = None, barge_in: Path = AUDIO / "stop.wav", settle=None) -> Conversation:
+    """`barge_in` is what the person says over the first reply; `settle(daemon)`
+    waits for what should follow it (default: the second reply, played out)."""
     speaker = audio.record("speaker.monitor")
     mic = audio.record("micfeed.monitor")
     daemon = LiveDaemon(tmp, audio, config=config)
@@ -206,9 +208,12 @@ def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_
         reply_start = first_loud(speaker.samples())
         time.sleep(max(0.0, speaker.time_of(reply_start) + barge_in_after - time.monotonic()))
         barge_in_at = time.monotonic()
-        stop = audio.play(AUDIO / "stop.wav")
-        daemon.wait(lambda: len(daemon.replies()) >= 2, 40, "the second reply")
-        time.sleep(0.5)  # the transcript line comes once the reply has played out; keep a margin of silence
+        stop = audio.play(barge_in)
+        if settle is not None:
+            settle(daemon)
+        else:
+            daemon.wait(lambda: len(daemon.replies()) >= 2, 40, "the second reply")
+            time.sleep(0.5)  # the transcript line comes once the reply has played out; keep a margin of silence
         for p in (asked, stop):
             if p.wait(5) != 0:
                 raise LiveFailure(f"paplay failed: {p.stderr.read()}")

@@ -18,12 +18,18 @@ from voice.speech import models
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 STT_MODELS = ("base", "tiny.en")
+# Whisper makes words of a hum or a breath ("mm hmm" -> "and then") with low
+# confidence: average log-probability -0.92 to -1.33 and no-speech probability
+# 0.45-0.71 on the fixtures, where every real utterance scored above -0.86 and
+# below 0.39 (base and tiny.en). Words under both bounds are doubtful.
+DOUBTFUL_LOGPROB, DOUBTFUL_NO_SPEECH = -0.9, 0.4
 
 
 @dataclass(frozen=True)
 class Transcript:
     text: str
     seconds: float  # compute time
+    doubtful: bool = False  # every segment looks like Whisper guessing at a sound
 
 
 class SttEngine(Protocol):
@@ -54,8 +60,11 @@ class WhisperEngine:
             audio, language="en", beam_size=1, vad_filter=False, temperature=0.0,
             condition_on_previous_text=False, without_timestamps=True,
         )
-        text = " ".join(s.text.strip() for s in segments).strip()  # decoding happens while iterating
-        return Transcript(text, time.perf_counter() - started)
+        segments = list(segments)  # decoding happens while iterating
+        text = " ".join(s.text.strip() for s in segments).strip()
+        doubtful = bool(segments) and all(s.avg_logprob < DOUBTFUL_LOGPROB and s.no_speech_prob > DOUBTFUL_NO_SPEECH
+                                          for s in segments)
+        return Transcript(text, time.perf_counter() - started, doubtful)
 
     def words(self, audio: np.ndarray) -> list[tuple[str, float, float]]:
         """Each recognised word with its start and end in seconds."""
