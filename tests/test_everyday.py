@@ -301,6 +301,34 @@ def test_the_readme_recipe_for_an_openai_compatible_server(env, tmp_path, llm_se
     assert f"assistant: Hello from {recipe['llm']['model']}." in r.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.llm_server
+def test_the_readme_recipe_with_a_real_server(env, tmp_path):
+    """The README's steps for a server other than Ollama, as a new user
+    takes them: doctor checks the server and the model, then chat and the
+    config file talk to it (llama.cpp's server with SmolLM2, tests/llm_server.py)."""
+    from llm_server import missing, running_server
+
+    if (why := missing()) is not None:
+        pytest.skip(why)
+    with running_server(tmp_path, extra_args=("--interrupt_requests", "False")) as server:
+        doctor = voice(env, "doctor", "--no-load", "--llm", server.base_url, "--llm-model", server.model)
+        (llm,) = [ln for ln in doctor.stdout.splitlines() if "language model" in ln]
+        assert llm == f"[  ok] language model: {server.base_url} answers, model {server.model} listed", llm
+        r = voice(env, "chat", "--db", str(tmp_path / "e.db"), "--llm", server.base_url, "--llm-model", server.model,
+                  stdin="Say hello.\n", timeout=120)
+        assert r.returncode == 0, r.stderr
+        (reply,) = [ln for ln in r.stdout.splitlines() if ln.startswith("assistant: ")]
+        assert reply.removeprefix("assistant: ").strip(), r.stdout
+        cfg = Path(env["XDG_CONFIG_HOME"]) / "voice" / "voice.toml"
+        cfg.parent.mkdir(parents=True)
+        cfg.write_text(f'[llm]\nprovider = "openai"\nbase_url = "{server.base_url}"\nmodel = "{server.model}"\n')
+        r = voice(env, "chat", "--db", str(tmp_path / "e.db"), stdin="And goodbye.\n", timeout=120)
+        assert r.returncode == 0 and "assistant: " in r.stdout, r.stderr
+    route = json.loads(voice(env, "trace", "--db", str(tmp_path / "e.db"), "2", "--json").stdout)["requests"][0]
+    assert (route["provider"], route["model"]) == ("openai", server.model), route
+
+
 # -- the offline fallback: spoken hint without paths; printed path that is true ----------------
 
 

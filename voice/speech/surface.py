@@ -29,7 +29,7 @@ _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 _UNSPEAKABLE = re.compile(r"\S*(?:://|/|\\|~|`|\*|_|#)\S*")
 
 
-def speakable_notice(text: str) -> str:
+def spoken_notice(text: str) -> str:
     """What of a notice is said aloud: its head (before the first ": ", the
     detail is for the transcript), without paths, URLs or markup."""
     head, detail, _ = text.partition(": ")
@@ -169,7 +169,7 @@ class VoiceSurface:
         """The assistant's own message (a timer, an error): written whole to
         the transcript, and its speakable head said aloud."""
         self.on_notice(text)
-        spoken = speakable_notice(text)
+        spoken = spoken_notice(text)
         if not spoken:
             return
         ref = UnitRef("notice", 0, 0, len(self._units))
