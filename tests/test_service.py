@@ -11,12 +11,12 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from output_lines import OutputLines
 from voice.log import events as ev
 from voice.log.store import EventStore
 
@@ -52,17 +52,8 @@ class Daemon:
             cwd=ROOT, env=env_for(tmp, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(watchdog_usec)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.socket = tmp / "run" / "voice" / "control.sock"
-        self.out: list[str] = []  # the transcript (stdout), line by line as it comes
-        self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
-                         for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line.rstrip("\n"))
+        self._lines = OutputLines(self.proc)
+        self.out, self.err = self._lines.out, self._lines.err  # the transcript (stdout) as it comes
 
     def err_text(self) -> str:
         return "\n".join(self.err)
@@ -89,8 +80,7 @@ class Daemon:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(20)
         elapsed = time.monotonic() - started
-        for reader in self._readers:
-            reader.join(5)
+        self._lines.join()
         try:
             while True:
                 self.messages.append(self.notify.recv(256).decode())

@@ -17,13 +17,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import wave
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from output_lines import OutputLines
 
 from .audio_server import AudioServer, Recorder
 
@@ -74,17 +75,8 @@ class LiveDaemon:
         self.proc = subprocess.Popen([sys.executable, "-m", "voice", "run", "--db", str(self.db),
                                       "--llm", f"scripted:{script}"], cwd=ROOT, env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
-                         for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for r in self._readers:
-            r.start()
-
-    @staticmethod
-    def _read(stream, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line.rstrip("\n"))
+        self._lines = OutputLines(self.proc)
+        self.out, self.err = self._lines.out, self._lines.err
 
     def wait(self, condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -113,8 +105,7 @@ class LiveDaemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-        for r in self._readers:
-            r.join(5)
+        self._lines.join()
         return self.proc.returncode
 
     def events(self):
