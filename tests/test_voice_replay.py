@@ -90,7 +90,7 @@ def assert_silent_after_ack(out: Path, cut: dict, following: dict | None) -> Non
     until = int(following["speech_start_s"] * RATE) if following and following["speech_start_s"] else len(played)
     assert stop < until
     assert not np.any(played[stop:until]), "audio of the cancelled reply played after the stop"
-    assert cut["speech_end_s"] * RATE <= stop
+    assert round(cut["speech_end_s"] * RATE) <= stop  # (seconds back to samples: 8.14 * 16000 > 130240)
 
 
 # -- I1 / I2: cut in a later sentence, after the stream completed ------------
@@ -357,7 +357,8 @@ def test_a_backchannel_long_enough_to_cut_the_reply_is_never_answered(replays):
     assert_silent_after_ack(out, cut, None)
     assert len(json.loads((out / "requests.json").read_text())) == 1
     (stop,) = _speech_events(out, ev.USER_STOP)
-    assert stop.payload["intent"] == "backchannel"
+    # Whisper hears "MM" (a backchannel), or now and then words too unsure to count (a sound)
+    assert stop.payload["intent"] in ("backchannel", "sound"), stop.payload
 
 
 def test_a_stop_with_a_request_is_answered_and_the_transcript_is_in_order(replays):

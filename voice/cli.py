@@ -30,9 +30,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, db: str = "the event log (default: $XDG_STATE_HOME/voice/events.db)") -> None:
     p.add_argument("--config", metavar="PATH", help="a TOML file layered over config/voice.toml")
-    p.add_argument("--db", metavar="PATH", help="the event log (default: $XDG_STATE_HOME/voice/events.db)")
+    p.add_argument("--db", metavar="PATH", help=db)
 
 
 def _llm(p: argparse.ArgumentParser) -> None:
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--new", action="store_true", help="start a new conversation")
 
     p = sub.add_parser("replay", help="replay a scenario's recorded audio through the voice pipeline")
-    _common(p)
+    _common(p, db="refused: the replay's log is always a fresh OUT/events.db")
     p.add_argument("scenario", metavar="SCENARIO.toml")
     p.add_argument("--out", metavar="DIR", required=True, help="where mic.wav, played.wav, events.db, summary.json go")
     p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Talk to the running daemon. `events` prints the log's events (all of them, "
                                    "or those after --since SEQ) and exits; with --follow it is a stream that "
                                    "prints each new event as it is written, until Ctrl-C.")
-    _common(p)
+    _common(p, db="refused: the daemon keeps its own log (voice history --db PATH reads one)")
     p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "events"))
     p.add_argument("text", nargs="*", help="for say: the text of the turn")
     p.add_argument("--json", action="store_true", help="print the daemon's JSON replies (one per line)")

@@ -138,6 +138,8 @@ def chat_view(store: EventStore, conversation: str) -> list[str]:
     for e in events:
         if e.type == ev.USER_MESSAGE:
             lines.append(f"you: {e.payload['content']}")
+        elif e.type == ev.USER_STOP and e.payload.get("intent") == "sound":
+            lines.append("  (a sound stopped the reply)")
         elif e.type == ev.USER_STOP:
             lines.append(f"you: {e.payload['content']}  ({e.payload.get('intent', 'stop')}: not answered)")
         elif e.type == ev.ASSISTANT_MESSAGE:

@@ -89,7 +89,9 @@ class _Request:
     stt_s: float
     done: anyio.Event | None = None
     result: Any = None
-    stop: str | None = None  # "stop" (a stop intent) or "backchannel" (one that had cut the reply)
+    # Why it is no request: "stop" (a stop intent); "backchannel" or "sound" (no
+    # words, or too unsure to be words) when it had cut the reply by its length.
+    stop: str | None = None
     stopped_turn: int | None = None
 
 
@@ -289,10 +291,16 @@ class VoiceSession:
         else:
             cut_turn = None
         cut = pending or cut_by_length
-        if not text:
-            self.ignored("a sound with no words" + (" (it had stopped the reply)" if cut else ""))
+        if not text and not cut:
+            self.ignored("a sound with no words")
             return
-        stop = "stop" if stop_intent(text, self.barge_in.stop_phrases) else None
+        if not text:  # it stopped the reply by its length, and asked for nothing: recorded as such
+            stop: str | None = "sound"
+            text = frame.text
+        elif stop_intent(text, self.barge_in.stop_phrases):
+            stop = "stop"
+        else:
+            stop = None
         if stop is None and cut and is_backchannel(text):
             stop = "backchannel"  # it cut the reply by its length; its words ask for nothing
         if stop is not None and not cut and self.assistant_busy():
@@ -370,12 +378,13 @@ class VoiceSession:
         async with self._receive:
             async for request in self._receive:
                 try:
-                    self.transcript(f"you: {request.text}")
+                    if request.stop != "sound":
+                        self.transcript(f"you: {request.text}")
                     if request.stop is not None:
                         self._record_stop(request)
                         if self.aside is not None:
-                            self.aside("(" + ("a stop" if request.stop == "stop" else "a backchannel")
-                                       + ": not a request, so nothing more is said)")
+                            what = {"stop": "a stop", "backchannel": "a backchannel"}.get(request.stop, "a sound")
+                            self.aside(f"({what}: not a request, so nothing more is said)")
                         continue
                     info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
                     self.turns.append(info)
