@@ -73,6 +73,8 @@ def test_whisper_words_for_a_hum_are_doubtful_and_real_ones_are_not():
 
     hum = heard("mm_hmm.wav", skip=3000)  # cut as the VAD may cut it: Whisper says "and then"
     assert hum.text and hum.doubtful, hum
+    cough = heard("cough.wav", skip=3000)  # Whisper says "but"
+    assert cough.text and cough.doubtful, cough
     for name in ("stop_only.wav", "wait.wav", "stop.wav", "what_time.wav", "okay_nabu.wav", "add_note.wav"):
         said = heard(name)
         assert said.text and not said.doubtful, (name, said)
