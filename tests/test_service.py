@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from output_lines import OutputLines
 from voice.log import events as ev
 from voice.log.store import EventStore
 
@@ -39,7 +40,7 @@ def voice(tmp: Path, *args: str, timeout: float = 60, **extra: str) -> subproces
 
 class Daemon:
     def __init__(self, tmp: Path, scenario: Path, watchdog_usec: int = 1_000_000, open_files: int | None = None,
-                 **env: str):
+                 extra_args: tuple[str, ...] = (), **env: str):
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "run").mkdir(mode=0o700, exist_ok=True)
         self.tmp, self.db = tmp, tmp / "events.db"
@@ -49,17 +50,22 @@ class Daemon:
         self.notify.settimeout(0.05)
         self.messages: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "voice", "run", "--db", str(self.db), "--replay", str(scenario)],
+            [sys.executable, "-m", "voice", "run", "--db", str(self.db), "--replay", str(scenario), *extra_args],
             cwd=ROOT, env=env_for(tmp, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(watchdog_usec), **env),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             preexec_fn=None if open_files is None else lambda: resource.setrlimit(
                 resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
         self.socket = tmp / "run" / "voice" / "control.sock"
+        self._lines = OutputLines(self.proc)
+        self.out, self.err = self._lines.out, self._lines.err  # the transcript (stdout) as it comes
+
+    def err_text(self) -> str:
+        return "\n".join(self.err)
 
     def pump(self, until, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not until():
-            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert self.proc.poll() is None, self.err_text()
             assert time.monotonic() < deadline, f"timed out; notify messages {self.messages}"
             try:
                 self.messages.append(self.notify.recv(256).decode())
@@ -78,6 +84,7 @@ class Daemon:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(20)
         elapsed = time.monotonic() - started
+        self._lines.join()
         try:
             while True:
                 self.messages.append(self.notify.recv(256).decode())
@@ -116,6 +123,7 @@ def test_lifecycle_notifies_and_sigterm_mid_reply_closes_the_turn(tmp_path):
     events = d.events()
     ends = [e for e in events if e.type == ev.TURN_END]
     assert [e.payload["outcome"] for e in ends] == [ev.INTERRUPTED]
+    assert d.out[-1].startswith("assistant: ") and d.out[-1].endswith(" [stopped]"), d.out  # however it ended
     (played,) = [e for e in events if e.type == ev.SPEECH_PLAYED]
     assert played.payload["complete"] is False and 0 < played.payload["chars"]
     assert not (tmp_path / "run" / "voice" / "control.sock").exists()  # removed on the way out
@@ -212,16 +220,93 @@ def test_mute_unmute_and_cancel(daemon):
 
 
 def test_voice_ctl_client(daemon):
-    out = voice(daemon.tmp, "ctl", "status")
+    out = voice(daemon.tmp, "ctl", "status", "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["ok"]
-    out = voice(daemon.tmp, "ctl", "say", "what", "time", "is", "it")
+    out = voice(daemon.tmp, "ctl", "say", "what", "time", "is", "it", "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["reply"].startswith("It is")
+
+
+def test_voice_ctl_speaks_to_people_by_default(daemon):
+    out = voice(daemon.tmp, "ctl", "status")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("state: ") and "language model: skills builtin" in lines
+    assert not out.stdout.lstrip().startswith("{")
+    out = voice(daemon.tmp, "ctl", "say", "what", "time", "is", "it")
+    assert out.returncode == 0 and out.stdout.startswith("assistant: It is") and out.stdout.count("\n") == 1
+    out = voice(daemon.tmp, "ctl", "history")
+    assert out.returncode == 0 and "user: what time is it" in out.stdout.splitlines()
+    out = voice(daemon.tmp, "ctl", "history", "--json")
+    assert json.loads(out.stdout)["messages"][-1]["role"] == "assistant"
+
+
+def test_ctl_events_since_prints_and_exits_and_follow_streams(daemon):
+    last = daemon.events()[-1].seq
+    out = voice(daemon.tmp, "ctl", "events", "--since", str(last - 3))
+    assert out.returncode == 0, out.stderr
+    # (a timer set by an earlier test may add events meanwhile: they come after)
+    assert [int(ln.split()[0].lstrip("#")) for ln in out.stdout.splitlines()][:3] == [last - 2, last - 1, last]
+    out = voice(daemon.tmp, "ctl", "events", "--since", str(last - 1), "--json")
+    assert [json.loads(ln).get("seq") for ln in out.stdout.splitlines()][1:2] == [last]  # after the stream's header
+    follow = subprocess.Popen([sys.executable, "-m", "voice", "ctl", "events", "--follow"], cwd=ROOT,
+                              env=env_for(daemon.tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # connected: from now on
+        assert voice(daemon.tmp, "ctl", "say", "what time is it").returncode == 0
+        seen = []
+        while not any(" turn/end " in ln for ln in seen):
+            seen.append(follow.stdout.readline())
+        assert " turn/start " in seen[0] and all(int(ln.split()[0].lstrip("#")) > last for ln in seen)
+        assert follow.poll() is None  # a stream: it goes on until stopped
+    finally:
+        follow.send_signal(signal.SIGINT)
+        follow.wait(10)
 
 
 def test_ctl_without_a_daemon_says_how_to_start_one(tmp_path):
     out = voice(tmp_path, "ctl", "status")
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "voice run" in out.stderr
+
+
+# -- #12: the transcript tells the whole story; ctl in scripts --------------------------
+
+
+def test_the_transcript_of_a_service_tells_the_whole_story(tmp_path):
+    """Wake word named at start-up; with -v the speech it ignored; `you:`
+    for a `ctl say` turn; the timer's line; `[stopped]` for a reply cut by
+    SIGTERM; and `ctl say` cut by that stop fails with one line."""
+    scenario = tmp_path / "wake.toml"
+    scenario.write_text(f'[listen]\nmode = "wake"\n[[user]]\naudio = "{SCENARIOS.parent / "audio" / "what_time.wav"}"\n'
+                        "at = 0.3\n")
+    d = Daemon(tmp_path, scenario, extra_args=("-v",))
+    try:
+        d.pump(lambda: "READY=1" in d.messages and d.socket.exists())
+        d.pump(lambda: any("without the wake word" in ln for ln in d.out), timeout=30)
+        said = voice(tmp_path, "ctl", "say", "set a timer for 1 second")
+        assert said.returncode == 0, said.stderr
+        d.pump(lambda: any(ln.startswith("notice: ") for ln in d.out), timeout=20)
+        asking = subprocess.Popen([sys.executable, "-m", "voice", "ctl", "say", "what can you do"], cwd=ROOT,
+                                  env=env_for(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        d.pump(lambda: any(e.type == ev.ASSISTANT_MESSAGE and e.turn == 2 for e in d.events()))
+        d.stop()
+        cut_off = asking.communicate(timeout=20)
+    finally:
+        if d.proc.poll() is None:
+            d.stop()
+    assert d.proc.returncode == 0
+    assert 'say "okay nabu" first' in d.err_text()
+    lines = d.out
+    assert lines[0].startswith("(ignored: ") and "without the wake word" in lines[0], lines
+    talk = [ln for ln in lines if not ln.startswith("(")]
+    assert talk[0] == "you: set a timer for 1 second", lines
+    assert talk[1:3] in (["assistant: Done, your timer for one second is set.", "notice: Your one second timer is done."],
+                         ["notice: Your one second timer is done.", "assistant: Done, your timer for one second is set."])
+    assert talk[3] == "you: what can you do" and talk[4].startswith("assistant: ") and talk[4].endswith(" [stopped]")
+    assert asking.returncode == 1 and cut_off[1].count("\n") == 1, cut_off
+    assert cut_off[1].startswith("voice: error: ") and "closed the connection before it answered" in cut_off[1]
+    ends = [e.payload["outcome"] for e in d.events() if e.type == ev.TURN_END]
+    assert ends == [ev.COMPLETED, ev.INTERRUPTED]
 
 
 # -- config --------------------------------------------------------------------

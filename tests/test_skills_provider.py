@@ -3,6 +3,8 @@ back, the streaming contract, and one turn through the real agent loop."""
 
 from __future__ import annotations
 
+import re
+
 import io
 import json
 import time
@@ -155,8 +157,15 @@ async def test_a_timer_without_duration_asks_how_long():
 async def test_unknown_question_gets_the_llm_hint():
     deltas = await ask("What is the capital of France?")
     assert calls_of(deltas) == []
-    assert text_of(deltas) == HINT and "llm.base_url" in HINT
+    assert text_of(deltas) == HINT and "language model" in HINT
     assert deltas[-1] == Finish("stop")
+
+
+def test_the_hint_is_short_and_speakable():
+    """It is spoken: no paths, config keys, URLs or markup (issue #12: Whisper
+    heard "point lllum.bac URL until the slash.config slash boys")."""
+    assert len(HINT.split()) <= 20
+    assert not re.search(r"[/~_`*#\\]|\w\.\w|\$", HINT), HINT
 
 
 @pytest.mark.anyio

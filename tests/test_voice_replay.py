@@ -42,7 +42,8 @@ def replays(tmp_path_factory):
             out = tmp_path_factory.mktemp(name)
             env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(out / "config")}
             proc = subprocess.run([sys.executable, "-m", "voice", "replay", str(SCENARIOS / f"{name}.toml"),
-                                   "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                                   "--out", str(out), "-v"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=240)
             assert proc.returncode == 0, proc.stderr[-3000:]
             (out / "stdout.txt").write_text(proc.stdout)
             outs[name] = out
@@ -89,7 +90,7 @@ def assert_silent_after_ack(out: Path, cut: dict, following: dict | None) -> Non
     until = int(following["speech_start_s"] * RATE) if following and following["speech_start_s"] else len(played)
     assert stop < until
     assert not np.any(played[stop:until]), "audio of the cancelled reply played after the stop"
-    assert cut["speech_end_s"] * RATE <= stop
+    assert round(cut["speech_end_s"] * RATE) <= stop  # (seconds back to samples: 8.14 * 16000 > 130240)
 
 
 # -- I1 / I2: cut in a later sentence, after the stream completed ------------
@@ -308,3 +309,71 @@ def test_wake_word_and_conversation_window(replays):
     assert all(t["status"] == ev.COMPLETED for t in turns)
     requests = json.loads((out / "requests.json").read_text())
     assert len(requests) == 2
+
+
+# -- #12: "stop" just stops; a transcript that tells the whole story ----------------
+
+
+def _transcript(out: Path) -> list[str]:
+    """The lines `voice replay -v` printed for the conversation itself."""
+    return [ln for ln in (out / "stdout.txt").read_text().splitlines() if not ln.startswith(("wrote ", "turn "))]
+
+
+def test_stop_over_a_long_reply_stops_it_and_nothing_more(replays):
+    """DESIGN §9: a stop intent produces the interrupted message of the cut
+    reply and an aborted turn/end, and nothing else: no turn to answer, no
+    request to the model, not a sample more on the speaker."""
+    out = replays("stop_intent")
+    (cut,) = summary(out)["turns"]  # "Stop." opened no turn
+    assert cut["status"] == ev.ABORTED and cut["interrupted"]
+    assert len(words(cut["delivered_text"])) < len(words(cut["generated_text"]))
+    assert_heard_matches_delivered(out, cut)
+    assert_silent_after_ack(out, cut, None)  # silence from the stop to the end of the recording
+    assert len(json.loads((out / "requests.json").read_text())) == 1
+    store = EventStore(out / "events.db")
+    try:
+        events = store.events()
+        history = derive_messages(store, store.latest_conversation())
+    finally:
+        store.close()
+    assert [e.type for e in events].count(ev.TURN_START) == 1
+    (stop,) = [e for e in events if e.type == ev.USER_STOP]
+    assert stop.payload["intent"] == "stop" and "stop" in words(stop.payload["content"])
+    assert stop.turn == cut["turn"] and stop.seq > max(e.seq for e in events if e.type == ev.TURN_END)
+    assert [m["role"] for m in history] == ["user", "assistant"] and history[-1]["interrupted"]
+    lines = _transcript(out)
+    said = [ln for ln in lines if not ln.startswith("(")]
+    assert said[-2] == f"assistant: {cut['delivered_text']} [stopped]", lines
+    assert said[-1].startswith("you: ") and words(said[-1].removeprefix("you: ")) == ["stop"], lines
+    assert lines[-1] == "(a stop: not a request, so nothing more is said)", lines  # -v says why
+
+
+def test_a_backchannel_long_enough_to_cut_the_reply_is_never_answered(replays):
+    """A slow "mm hmm" (0.84 s voiced) confirms the barge-in by its length;
+    once its words arrive they ask for nothing: no turn, no answer."""
+    out = replays("backchannel_cut")
+    (cut,) = summary(out)["turns"]
+    assert cut["status"] == ev.ABORTED and cut["interrupted"]
+    assert_silent_after_ack(out, cut, None)
+    assert len(json.loads((out / "requests.json").read_text())) == 1
+    (stop,) = _speech_events(out, ev.USER_STOP)
+    # Whisper hears "MM" (a backchannel), or now and then words too unsure to count (a sound)
+    assert stop.payload["intent"] in ("backchannel", "sound"), stop.payload
+
+
+def test_a_stop_with_a_request_is_answered_and_the_transcript_is_in_order(replays):
+    """"Stop. Tell me something else instead." (the README demo): a stop and
+    a request, so it is answered; the cut reply's line comes before it."""
+    out = replays("cut_after_stream")
+    cut, nxt = summary(out)["turns"]
+    assert nxt["user_text"].lower().startswith("stop") and nxt["status"] == ev.COMPLETED
+    lines = _transcript(out)
+    said = [ln for ln in lines if not ln.startswith("(")]
+    assert said == [f"you: {cut['user_text']}", f"assistant: {cut['delivered_text']} [stopped]",
+                    f"you: {nxt['user_text']}", f"assistant: {nxt['delivered_text']}"], lines
+
+
+def test_verbose_shows_speech_ignored_for_lack_of_the_wake_word(replays):
+    out = replays("wake_word")
+    ignored = [ln for ln in _transcript(out) if "without the wake word" in ln]
+    assert len(ignored) == 2, _transcript(out)  # "tell me about London", and the note after the window closed

@@ -1,20 +1,28 @@
-"""The `voice` command line. Every subcommand takes --config and --db.
+"""The `voice` command line. Every subcommand but `service` takes --config;
+those that read or write the event log take --db, and the two that cannot
+use one (`replay` writes a fresh log into --out, `ctl` talks to a daemon
+that has its own) refuse it.
 
 Bad input (unknown flag, missing file, malformed TOML, unreachable LLM)
-ends with one line on stderr naming the problem, and exit status 2.
+ends with one line on stderr naming the problem, and exit status 2; a
+request that was understood but did not succeed (the daemon refused it or
+went away) with one line and exit status 1. Output for people by default,
+`--json` for scripts; a closed pipe (`voice history | head -1`) ends the
+command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 
-from voice.errors import UsageError
+from voice.errors import Failed, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,9 +30,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, db: str = "the event log (default: $XDG_STATE_HOME/voice/events.db)") -> None:
     p.add_argument("--config", metavar="PATH", help="a TOML file layered over config/voice.toml")
-    p.add_argument("--db", metavar="PATH", help="the event log (default: $XDG_STATE_HOME/voice/events.db)")
+    p.add_argument("--db", metavar="PATH", help=db)
+
+
+def _llm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    p.add_argument("--llm-model", metavar="NAME", help="the model to ask for (overrides llm.model), e.g. llama3.2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,32 +46,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="talk to the assistant in text (Ctrl-C stops a reply)")
     _common(p)
-    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    _llm(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--conversation", metavar="ID", help="continue this conversation (default: the latest)")
     g.add_argument("--new", action="store_true", help="start a new conversation")
 
     p = sub.add_parser("replay", help="replay a scenario's recorded audio through the voice pipeline")
-    _common(p)
+    _common(p, db="refused: the replay's log is always a fresh OUT/events.db")
     p.add_argument("scenario", metavar="SCENARIO.toml")
     p.add_argument("--out", metavar="DIR", required=True, help="where mic.wav, played.wav, events.db, summary.json go")
     p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
     p.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print what was heard and not acted on")
 
     p = sub.add_parser("run", help="the assistant as a service: listen and talk until SIGINT/SIGTERM")
     _common(p)
-    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    _llm(p)
     p.add_argument("--replay", metavar="SCENARIO.toml",
                    help="the replay device instead of the sound card (headless machines, tests); stays up after it")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print what was heard and not acted on (no wake word, backchannel, echo)")
 
     p = sub.add_parser("acp", help="serve the Agent Client Protocol on stdin/stdout (for editors such as Zed)")
     _common(p)
-    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    _llm(p)
 
-    p = sub.add_parser("ctl", help="talk to the running daemon over its control socket")
-    _common(p)
+    p = sub.add_parser("ctl", help="talk to the running daemon over its control socket",
+                       description="Talk to the running daemon. `events` prints the log's events (all of them, "
+                                   "or those after --since SEQ) and exits; with --follow it is a stream that "
+                                   "prints each new event as it is written, until Ctrl-C.")
+    _common(p, db="refused: the daemon keeps its own log (voice history --db PATH reads one)")
     p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "events"))
     p.add_argument("text", nargs="*", help="for say: the text of the turn")
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON replies (one per line)")
+    p.add_argument("--since", metavar="SEQ", type=int, help="for events: only those after this sequence number")
+    p.add_argument("--follow", action="store_true",
+                   help="for events: keep printing new events as they are written (a stream; Ctrl-C ends it); "
+                        "without --since it starts from now")
 
     p = sub.add_parser("config", help="the effective configuration")
     _common(p)
@@ -66,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check audio, models, LLM, config, service; say what to fix")
     _common(p)
-    p.add_argument("--llm", metavar="URL|scripted:FILE")
+    _llm(p)
     p.add_argument("--no-load", action="store_true", help="do not load the speech models (faster)")
 
     p = sub.add_parser("service", help="install or remove the systemd user unit")
@@ -88,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("fork", help="a new conversation with the history up to TURN; prints its id")
+    p = sub.add_parser("fork", help="a new conversation with the history up to TURN; prints its id "
+                                    "(and, on stderr, how to continue it)")
     _common(p)
     p.add_argument("turn", type=int, metavar="TURN")
     p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
@@ -96,9 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
-    from voice.config import load_config
+    return _config_with_sources(args)[0]
 
-    return load_config(args.config)
+
+def _config_with_sources(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config, checked, with the command line's overrides (also checked)."""
+    from voice.config import load_config_with_sources, override
+
+    config, sources = load_config_with_sources(args.config)
+    if getattr(args, "llm_model", None) is not None:
+        override(config, sources, "llm.model", args.llm_model, "--llm-model")
+    return config, sources
+
+
+def _refuse_db(args: argparse.Namespace, why: str) -> None:
+    if args.db is not None:
+        raise UsageError(f"--db: {why}")
 
 
 def _store(args: argparse.Namespace, config: dict[str, Any]):
@@ -167,7 +205,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from voice.log.projections import chat_view, derive_messages
+    from voice.log.projections import chat_view, derive_messages, message_line
 
     store = _store(args, _config(args))
     conv = _conversation_of(store, args)
@@ -177,9 +215,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(json.dumps(derive_messages(store, conv), ensure_ascii=False, indent=2))
     else:
         for m in derive_messages(store, conv):
-            flag = " [stopped]" if m.get("interrupted") else ""
-            calls = "".join(f" -> {c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", []))
-            print(f"{m['role']}: {m['content']}{flag}{calls}")
+            print(message_line(m))
     return 0
 
 
@@ -203,17 +239,23 @@ def cmd_fork(args: argparse.Namespace) -> int:
     store = _store(args, _config(args))
     conv = _conversation_of(store, args, args.turn)
     try:
-        print(fork(store, conv, args.turn))
+        new = fork(store, conv, args.turn)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    print(new)  # alone on stdout, for scripts: id=$(voice fork 3)
+    db = f" --db {args.db}" if args.db else ""
+    print(f"forked turn {args.turn} of {conv} into {new}; continue it with: "
+          f"voice chat{db} --conversation {new}", file=sys.stderr)
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from voice.replay import run_replay
 
+    _refuse_db(args, f"voice replay always writes a fresh log to {Path(args.out) / 'events.db'} and never "
+                     f"touches another; drop --db (read the result with voice history --db {Path(args.out) / 'events.db'})")
     summary = run_replay(Path(args.scenario), Path(args.out), _config(args), realtime=args.realtime,
-                         stt_model=args.stt_model)
+                         stt_model=args.stt_model, verbose=args.verbose)
     print(f"wrote {args.out}/mic.wav, played.wav, events.db, summary.json "
           f"({summary['device']['duration_s']:.1f} s of audio in {summary['device']['wall_s']:.1f} s)")
     for t in summary["turns"]:
@@ -228,7 +270,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from voice.service.daemon import run_daemon
 
     config = _config(args)
-    return run_daemon(config, _store(args, config), args.llm, Path(args.replay) if args.replay else None)
+    return run_daemon(config, _store(args, config), args.llm, Path(args.replay) if args.replay else None,
+                      verbose=args.verbose)
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
@@ -239,30 +282,47 @@ def cmd_acp(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
+    from voice.service import ctl_format
     from voice.service.control import request, socket_path
 
+    _refuse_db(args, "voice ctl talks to the running daemon, which keeps its own log; drop --db "
+                     "(to read a log file directly: voice history --db PATH)")
+    if args.text and args.cmd != "say":
+        raise UsageError(f"voice ctl {args.cmd} takes no text (only say does)")
+    if (args.since is not None or args.follow) and args.cmd != "events":
+        raise UsageError("--since and --follow are for voice ctl events")
     payload: dict[str, Any] = {"cmd": args.cmd}
     if args.cmd == "say":
         if not args.text:
             raise UsageError("voice ctl say needs the text to say, e.g. voice ctl say what time is it")
         payload["text"] = " ".join(args.text)
+    if args.cmd == "events":
+        payload["follow"] = args.follow
+        if args.since is not None or not args.follow:
+            payload["after"] = max(0, args.since or 0)
+    show = ctl_format.as_json if args.json else ctl_format.for_people(args.cmd)
+    path = socket_path(_config(args))
     try:
-        return anyio.run(lambda: request(socket_path(_config(args)), payload, stream_lines=args.cmd == "events"))
+        first = anyio.run(lambda: request(path, payload, show, stream=args.cmd == "events"))
     except KeyboardInterrupt:
         return 0
+    return ctl_format.exit_status(args.cmd, first)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from voice.config import load_config_with_sources, show
+    from voice.config import override, show
 
-    print(show(*load_config_with_sources(args.config)), end="")
+    config, sources = _config_with_sources(args)
+    if args.db is not None:
+        override(config, sources, "paths.db", args.db, "--db")
+    print(show(config, sources), end="")
     return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from voice.service.doctor import run_doctor
 
-    return run_doctor(args.config, args.llm, load_models=not args.no_load)
+    return run_doctor(args.config, args.llm, load_models=not args.no_load, llm_model=args.llm_model, db=args.db)
 
 
 def cmd_service(args: argparse.Namespace) -> int:
@@ -299,23 +359,35 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, BaseExceptionGroup) as exc:
-        usage = _usage_error(exc)
-        if usage is None:
+    except (UsageError, Failed, BrokenPipeError, BaseExceptionGroup) as exc:
+        found = _found(exc, (BrokenPipeError, UsageError, Failed))
+        if found is None:
             raise
-        print(f"voice: error: {usage}", file=sys.stderr)
-        return 2
+        if isinstance(found, BrokenPipeError):
+            return _pipe_closed()
+        print(f"voice: error: {found}", file=sys.stderr)
+        return 2 if isinstance(found, UsageError) else 1
     except KeyboardInterrupt:
         return 130
 
 
-def _usage_error(exc: BaseException) -> UsageError | None:
-    """The UsageError in `exc`, also when a task group wrapped it."""
-    if isinstance(exc, UsageError):
+def _pipe_closed() -> int:
+    """Whoever read our output stopped reading (`voice history | head -1`):
+    that is not an error to report. Point stdout at /dev/null so the flush at
+    exit does not fail again, and end as a process killed by SIGPIPE would."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13  # SIGPIPE
+
+
+def _found(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of `kinds` in `exc`, also when a task group wrapped it."""
+    if isinstance(exc, kinds):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _usage_error(inner)
+            found = _found(inner, kinds)
             if found is not None:
                 return found
     return None

@@ -3,9 +3,10 @@ file layered over them, then `VOICE_<SECTION>_<KEY>` environment variables
 (for the few keys a unit file needs, e.g. VOICE_LLM_BASE_URL).
 
 Only keys present in the defaults are accepted, each with the defaults'
-type; anything else fails at start with one line naming the key, the value
-and what is allowed. Every value remembers where it came from
-(`voice config show`).
+type and within the ranges and choices of `voice.config_schema`; anything
+else fails when the config loads, before anything else starts, with one
+line naming where the value came from, the key, the value and what is
+allowed. Every value remembers where it came from (`voice config show`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from voice.config_schema import type_name, validate
 from voice.errors import UsageError
 from voice.paths import config_dir
 
@@ -34,14 +36,19 @@ def _read(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a directory: give the path of a TOML file") from None
+    except NotADirectoryError:
+        raise UsageError(f"config file {path}: a part of the path before the file name is a file, "
+                         "not a directory") from None
+    except PermissionError:
+        raise UsageError(f"config file {path} cannot be read (permission denied): "
+                         f"chmod u+r {path}, or give another file") from None
+    except OSError as exc:
+        raise UsageError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
 
-
-def _type_name(value: Any) -> str:
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}.get(
-        type(value), type(value).__name__
-    )
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any], where: str, sources: dict[str, str], prefix: str = "") -> None:
@@ -64,7 +71,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any], where: str, sources: dict
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         elif type(value) is not type(default):
-            raise UsageError(f"{where}: {name} = {value!r} must be {_type_name(default)}")
+            raise UsageError(f"{where}: {name} = {value!r} must be {type_name(default)}")
+        elif isinstance(default, list) and default and any(type(v) is not type(default[0]) for v in value):
+            raise UsageError(f"{where}: {name} = {value!r} must be a list, each item {type_name(default[0])}")
         base[key] = value
         sources[name] = where
 
@@ -89,7 +98,7 @@ def _env_overrides(config: dict[str, Any], env: Mapping[str, str]) -> dict[str, 
             try:
                 value = tomllib.loads(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError:
-                raise UsageError(f"environment: {var} = {raw!r} must be {_type_name(config[section][key])}") from None
+                raise UsageError(f"environment: {var} = {raw!r} must be {type_name(config[section][key])}") from None
         over.setdefault(section, {})[key] = value
     return over
 
@@ -106,7 +115,16 @@ def load_config_with_sources(path: str | Path | None = None,
     for section, values in over.items():
         for key, value in values.items():
             _merge(config, {section: {key: value}}, f"env {ENV_PREFIX}{section.upper()}_{key.upper()}", sources)
+    validate(config, sources)
     return config, sources
+
+
+def override(config: dict[str, Any], sources: dict[str, str], key: str, value: Any, where: str) -> None:
+    """A command-line value (e.g. --llm-model) over the loaded config,
+    checked by the same rules."""
+    section, _, name = key.partition(".")
+    _merge(config, {section: {name: value}}, where, sources)
+    validate(config, sources)
 
 
 def load_config(path: str | Path | None = None) -> dict[str, Any]:

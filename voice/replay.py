@@ -19,17 +19,17 @@ RATE = 16000
 
 
 def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realtime: bool = False,
-               stt_model: str | None = None) -> dict[str, Any]:
+               stt_model: str | None = None, verbose: bool = False) -> dict[str, Any]:
     clock = VirtualClock()
     if not realtime:
         clock.install()  # before pipecat is imported: its frames capture time.time at import
     try:
-        return _run(scenario_path, out, config, realtime, stt_model, clock)
+        return _run(scenario_path, out, config, realtime, stt_model, clock, verbose)
     finally:
         clock.uninstall()
 
 
-def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, Any]:
+def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dict[str, Any]:
     import anyio
 
     from voice.logs import quiet_pipecat
@@ -86,6 +86,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock) -> dict[str, An
         conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
         vad=VadSettings(**config["vad"]), tool_env=runtime.env, timers=runtime.timers, echo=echo,
         barge_in=BargeInSettings(**config["barge_in"]),
+        aside=(lambda line: print(line, flush=True)) if verbose else None,
         listen_mode=ListenSettings(mode=scenario.listen_mode, wake_word=config["listen"]["wake_word"],
                                    window_s=scenario.window_s or config["listen"]["window_s"]),
     )

@@ -17,13 +17,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import wave
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from output_lines import OutputLines
 
 from .audio_server import AudioServer, Recorder
 
@@ -74,17 +75,8 @@ class LiveDaemon:
         self.proc = subprocess.Popen([sys.executable, "-m", "voice", "run", "--db", str(self.db),
                                       "--llm", f"scripted:{script}"], cwd=ROOT, env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
-                         for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for r in self._readers:
-            r.start()
-
-    @staticmethod
-    def _read(stream, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line.rstrip("\n"))
+        self._lines = OutputLines(self.proc)
+        self.out, self.err = self._lines.out, self._lines.err
 
     def wait(self, condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -113,8 +105,7 @@ class LiveDaemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-        for r in self._readers:
-            r.join(5)
+        self._lines.join()
         return self.proc.returncode
 
     def events(self):
@@ -193,7 +184,9 @@ class Conversation:
 
 
 def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_AFTER_S,
-             config: str | None = None) -> Conversation:
+             config: str | None = None, barge_in: Path = AUDIO / "stop.wav", settle=None) -> Conversation:
+    """`barge_in` is what the person says over the first reply; `settle(daemon)`
+    waits for what should follow it (default: the second reply, played out)."""
     speaker = audio.record("speaker.monitor")
     mic = audio.record("micfeed.monitor")
     daemon = LiveDaemon(tmp, audio, config=config)
@@ -206,9 +199,12 @@ def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_
         reply_start = first_loud(speaker.samples())
         time.sleep(max(0.0, speaker.time_of(reply_start) + barge_in_after - time.monotonic()))
         barge_in_at = time.monotonic()
-        stop = audio.play(AUDIO / "stop.wav")
-        daemon.wait(lambda: len(daemon.replies()) >= 2, 40, "the second reply")
-        time.sleep(0.5)  # the transcript line comes once the reply has played out; keep a margin of silence
+        stop = audio.play(barge_in)
+        if settle is not None:
+            settle(daemon)
+        else:
+            daemon.wait(lambda: len(daemon.replies()) >= 2, 40, "the second reply")
+            time.sleep(0.5)  # the transcript line comes once the reply has played out; keep a margin of silence
         for p in (asked, stop):
             if p.wait(5) != 0:
                 raise LiveFailure(f"paplay failed: {p.stderr.read()}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,7 +34,7 @@ from voice.log.projections import turn_reply
 from voice.log.store import EventStore
 
 from .audio_server import AudioServer, AudioServerError, ensure_packages
-from .conversation import FIRST, RATE, ROOT, SECOND, converse, first_loud
+from .conversation import AUDIO, FIRST, RATE, ROOT, SECOND, converse, first_loud
 
 ACK_MAX_MS = 1000  # speech onset in the mic feed -> the last reply sample on the speaker (measured ~270 ms)
 STOP_SLACK_S = 0.25  # the log's stop -> the last reply sample: the device buffer and a callback (~55 ms), with margin
@@ -112,3 +113,39 @@ def test_barge_in_on_the_live_path(audio: AudioServer, tmp_path):
     assert not any(m.get("content") == FIRST for m in messages)
     print(f"live: ack {ack_ms:.0f} ms; last reply sample {(end_t - stopped_t) * 1000:+.0f} ms after the log's stop; "
           f"delivered {len(delivered)} words, heard {len(heard)}: {' '.join(heard)}")
+
+
+def test_stop_over_a_long_reply_is_silence_and_no_new_turn(audio: AudioServer, tmp_path):
+    """Issue #12: saying "Stop." over the reply on `voice run` stops it, and
+    that is all: the speaker stays silent, the log has no second turn, and
+    the transcript says it in order."""
+
+    def settle(daemon) -> None:
+        daemon.wait(lambda: any(line.startswith("you: ") for line in daemon.out[1:]), 40, "the stop to be heard")
+        time.sleep(6.0)  # an answer, had one been started, would be on the speaker by now
+
+    c = converse(audio, tmp_path, barge_in=AUDIO / "stop_only.wav", settle=settle)
+    log = c.daemon.log()
+    assert c.returncode == 0, log
+    events = c.daemon.events()
+    assert [e.type for e in events].count(ev.TURN_START) == 1, log
+    (cut_turn,) = {e.turn for e in events if e.type == ev.TURN_START}
+    (end,) = [e for e in events if e.type == ev.TURN_END]
+    assert end.payload["outcome"] == ev.ABORTED, log
+    (stop,) = [e for e in events if e.type == ev.USER_STOP]
+    assert stop.payload["intent"] == "stop" and stop.turn == cut_turn, stop
+
+    # the speaker: silent from shortly after the onset of "Stop." to the end of the recording
+    onset, onset_t = c.barge_in_onset()
+    last_end, last_t = c.reply_end(onset_t)
+    assert first_loud(c.speaker, last_end) is None, "something played after the stop"
+    assert (last_t - onset_t) * 1000 <= ACK_MAX_MS, f"the reply played on {(last_t - onset_t) * 1000:.0f} ms"
+    silent_s = (len(c.speaker) - last_end) / RATE
+    assert silent_s >= 5.0, f"only {silent_s:.1f} s recorded after the stop"
+
+    said = [line for line in c.daemon.out if not line.startswith("(")]
+    assert said[-2].startswith("assistant: ") and said[-2].endswith(" [stopped]"), said
+    assert said[-1].startswith("you: ") and words(said[-1].removeprefix("you: ")) == ["stop"], said
+    print(f"live stop: reply silenced {(last_t - onset_t) * 1000:.0f} ms after the onset of 'Stop.'; "
+          f"{silent_s:.1f} s of silence after it; one turn")
+

@@ -16,6 +16,7 @@ and are resampled to 16 kHz mono with soxr on the event loop side.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ class LiveDevice:
             outs = sd.query_devices(self.output_device, "output")
         except (sd.PortAudioError, ValueError) as exc:  # no sound card, or no such device
             raise AudioUnavailable(
-                f"no usable audio device ({exc}); list devices with `python -m sounddevice`, pick one with "
+                f"no usable audio device ({exc}); list devices with `{sys.executable} -m sounddevice`, pick one with "
                 "[audio] input/output in the config, or use `voice replay` on a headless machine"
             ) from None
         self._in_rate, self._out_rate = int(ins["default_samplerate"]), int(outs["default_samplerate"])

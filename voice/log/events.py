@@ -13,6 +13,10 @@ from typing import Any, Final
 
 TURN_START: Final = "turn/start"
 USER_MESSAGE: Final = "user/message"
+# What the person said that stopped the assistant and asked for nothing more
+# (a stop intent, or a backchannel that had cut the reply): not a surface
+# event, so never model history; filed under the turn it stopped (or none).
+USER_STOP: Final = "user/stop"
 STEP_START: Final = "step/start"
 STEP_END: Final = "step/end"
 ASSISTANT_STREAM: Final = "agent/assistant-stream"
@@ -36,7 +40,7 @@ TURN_END: Final = "turn/end"
 
 EVENT_TYPES: Final = frozenset(
     {
-        TURN_START, USER_MESSAGE, STEP_START, STEP_END, ASSISTANT_STREAM,
+        TURN_START, USER_MESSAGE, USER_STOP, STEP_START, STEP_END, ASSISTANT_STREAM,
         ASSISTANT_MESSAGE, ASSISTANT_ATTEMPT, REQUEST_ERROR, TOOL_CALL,
         TOOL_DISPATCH, TOOL_RESULT, EFFECT_RECEIPT, SPEECH_PLAYED, SPEECH_PAUSED, SPEECH_RESUMED, LATE_OUTPUT,
         CONVERSATION_FORK, TURN_END, TIMER_SET, TIMER_CANCEL, TIMER_FIRED, RECOVERY,

@@ -98,6 +98,13 @@ def turn_reply(store: EventStore, conversation: str, turn: int) -> TurnReply:
     return TurnReply(user, " ".join(g for g in generated if g), " ".join(delivered), interrupted, outcome)
 
 
+def message_line(m: dict[str, Any]) -> str:
+    """One history message as a line for people: `role: content [stopped] -> tool(args)`."""
+    flag = " [stopped]" if m.get("interrupted") else ""
+    calls = "".join(f" -> {c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", []))
+    return f"{m['role']}: {m['content']}{flag}{calls}"
+
+
 def tool_result_text(payload: dict[str, Any]) -> str:
     status = payload.get("status")
     if status == "ok":
@@ -132,6 +139,10 @@ def chat_view(store: EventStore, conversation: str) -> list[str]:
     for e in events:
         if e.type == ev.USER_MESSAGE:
             lines.append(f"you: {e.payload['content']}")
+        elif e.type == ev.USER_STOP and e.payload.get("intent") == "sound":
+            lines.append("  (a sound stopped the reply)")
+        elif e.type == ev.USER_STOP:
+            lines.append(f"you: {e.payload['content']}  ({e.payload.get('intent', 'stop')}: not answered)")
         elif e.type == ev.ASSISTANT_MESSAGE:
             for block in e.payload.get("content", []):
                 if block.get("type") == "reasoning":

@@ -5,9 +5,11 @@ that another user could create first). A directory that exists with another
 owner, as a symlink, or writable by others is refused, not used.
 
 Requests are objects with a "cmd": status, say {"text"}, cancel, mute,
-unmute, history, events {"after"?}. Each gets one reply line
-({"ok": true, ...} or {"ok": false, "error": ...}); `events` then streams
-log events as lines until the client goes away.
+unmute, history, events {"after"?, "follow"?}. Each gets one reply line
+({"ok": true, ...} or {"ok": false, "error": ...}); `events` then sends the
+log's events after "after" (default: from now) as lines, and with "follow"
+(the default) keeps streaming new ones until the client goes away; with
+"follow": false it closes the connection once it has sent them.
 
 No client can take the daemon down: whatever happens on one connection
 (a client gone before its reply, a request that is not JSON, nested too
@@ -28,6 +30,7 @@ import os
 import re
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ import anyio
 from anyio.abc import ByteStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from voice.errors import UsageError
+from voice.errors import Failed, UsageError
 from voice.log.projections import derive_messages
 from voice.paths import state_dir
 
@@ -245,7 +248,8 @@ class ControlServer:
                     "llm": {"provider": route.provider, "model": route.model, "base_url": route.base_url},
                     "muted": s.listen.muted,
                     "listen": {"mode": s.listen.gate.mode if s.listen.gate else "open",
-                               "state": s.listen.gate.state(s.listen.position / 16000) if s.listen.gate else "open"}}
+                               "state": s.listen.gate.state(s.listen.position / 16000) if s.listen.gate else "open",
+                               "wake_word": s.wake_word}}
         if cmd == "say":
             text = request.get("text")
             if not isinstance(text, str) or not text.strip():
@@ -272,36 +276,50 @@ class ControlServer:
             await self._send(stream, {"ok": False, "error": '"after" must be a sequence number (0 or more)'})
             return
         after = after if after is not None else self.session.store.last_seq()
-        await self._send(stream, {"ok": True, "streaming": "events", "after": after})
-        while True:  # until the client leaves (the send fails) or the daemon stops
+        follow = request.get("follow", True) is not False
+        await self._send(stream, {"ok": True, "streaming": "events", "after": after, "follow": follow})
+        while True:  # until the client leaves (the send fails), the daemon stops, or all is sent
             for event in self.session.store.events(after_seq=after):
                 await self._send(stream, event.to_json())
                 after = event.seq
+            if not follow:
+                return
             await anyio.sleep(0.1)
 
 
-async def request(path: Path, payload: dict[str, Any], *, stream_lines: bool = False, out=None) -> int:
-    """The client side (`voice ctl`): send one request, print the reply (or
-    the stream of lines). Exit status 0 when the reply is ok."""
-    import sys
-
-    out = out or sys.stdout
+async def request(path: Path, payload: dict[str, Any], show: Callable[[dict[str, Any]], None], *,
+                  stream: bool = False) -> dict[str, Any]:
+    """The client side (`voice ctl`): send one request and hand each reply
+    line to `show` (for a stream, every line until the daemon ends it).
+    Returns the first reply. A daemon that is not there is a UsageError (how
+    to start one); one that goes away before it answers, or that answers
+    with something that is not JSON, is `Failed`."""
     try:
         conn = await anyio.connect_unix(path)
     except OSError as exc:
         raise UsageError(f"no voice daemon answers on {path} ({exc.strerror or exc}): start it with "
                          "`voice run` or `systemctl --user start voice`") from None
+    gone = (f"the voice daemon on {path} closed the connection before it answered (it stopped or restarted; "
+            "`systemctl --user status voice` or its terminal says why)")
+    first: dict[str, Any] | None = None
     async with conn:
-        await conn.send(json.dumps(payload).encode() + b"\n")
         reader = BufferedByteReceiveStream(conn)
-        status = 1
-        while True:
-            try:
+        try:
+            await conn.send(json.dumps(payload).encode() + b"\n")
+            while True:
                 line = await reader.receive_until(b"\n", 16 * MAX_LINE)
-            except (anyio.IncompleteRead, anyio.EndOfStream):
-                return status
-            reply = json.loads(line)
-            print(json.dumps(reply, ensure_ascii=False), file=out, flush=True)
-            status = 0 if reply.get("ok", True) else 1
-            if not stream_lines:
-                return status
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    raise Failed(f"the voice daemon on {path} sent a line that is not JSON: {line[:80]!r}") from None
+                first = reply if first is None else first
+                show(reply)
+                if not stream:
+                    return first
+        except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                OSError):
+            if first is None:
+                raise Failed(gone) from None
+            if payload.get("follow"):
+                raise Failed(f"the voice daemon on {path} went away; the event stream ended") from None
+            return first

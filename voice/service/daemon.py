@@ -44,7 +44,16 @@ def _open_device(config: dict[str, Any], replay: Path | None, idle):
         raise UsageError(str(exc)) from None
 
 
-def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, replay: Path | None = None) -> int:
+def _how_to_talk(session) -> str:
+    """What the person must say first, named as it is said."""
+    if session.wake_word is None:
+        return "every utterance is a request ([listen] mode = open)"
+    return (f'say "{session.wake_word.replace("_", " ")}" first (wake word; [listen] wake_word), then your request; '
+            f"follow-ups within {session.listen_mode.window_s:g} s need none")
+
+
+def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, replay: Path | None = None,
+               verbose: bool = False) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from voice.logs import quiet_pipecat
 
@@ -106,6 +115,7 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
             device=device, stt=stt, tts=tts, vad=VadSettings(**config["vad"]),
             barge_in=BargeInSettings(**config["barge_in"]), listen_mode=listen_mode,
             tool_env=runtime.env, timers=runtime.timers, shutdown_s=shutdown_s, echo=echo,
+            aside=(lambda line: print(line, flush=True)) if verbose else None,
         )
         control = ControlServer(session, config)
         async with anyio.create_task_group() as tg:
@@ -128,7 +138,8 @@ def run_daemon(config: dict[str, Any], store: EventStore, llm_spec: str | None, 
                 while session.listen.position == 0:  # audio is flowing through the pipeline
                     await anyio.sleep(0.02)
                 notify("READY=1")
-                print(f"listening ({device.describe()}); control socket {control.path}", file=sys.stderr, flush=True)
+                print(f"listening ({device.describe()}); {_how_to_talk(session)}; control socket {control.path}",
+                      file=sys.stderr, flush=True)
 
             tg.start_soon(on_signal)
             tg.start_soon(heartbeat)

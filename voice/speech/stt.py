@@ -18,12 +18,20 @@ from voice.speech import models
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 STT_MODELS = ("base", "tiny.en")
+# Whisper makes words of a hum, a breath or a cough ("mm hmm" -> "and then",
+# a cough -> "but") with low confidence: on the fixtures an average
+# log-probability of -0.92 to -1.33, where every real utterance scored above
+# -0.86 (base and tiny.en, whole and cut as the VAD cuts). Below -1.0 words are
+# doubtful; below -0.9 too when Whisper also thinks it likely there was no
+# speech (no-speech probability over 0.4; real utterances: at most 0.38).
+DOUBTFUL_LOGPROB, UNSURE_LOGPROB, DOUBTFUL_NO_SPEECH = -1.0, -0.9, 0.4
 
 
 @dataclass(frozen=True)
 class Transcript:
     text: str
     seconds: float  # compute time
+    doubtful: bool = False  # every segment looks like Whisper guessing at a sound
 
 
 class SttEngine(Protocol):
@@ -54,8 +62,12 @@ class WhisperEngine:
             audio, language="en", beam_size=1, vad_filter=False, temperature=0.0,
             condition_on_previous_text=False, without_timestamps=True,
         )
-        text = " ".join(s.text.strip() for s in segments).strip()  # decoding happens while iterating
-        return Transcript(text, time.perf_counter() - started)
+        segments = list(segments)  # decoding happens while iterating
+        text = " ".join(s.text.strip() for s in segments).strip()
+        doubtful = bool(segments) and all(
+            s.avg_logprob < DOUBTFUL_LOGPROB or (s.avg_logprob < UNSURE_LOGPROB and s.no_speech_prob > DOUBTFUL_NO_SPEECH)
+            for s in segments)
+        return Transcript(text, time.perf_counter() - started, doubtful)
 
     def words(self, audio: np.ndarray) -> list[tuple[str, float, float]]:
         """Each recognised word with its start and end in seconds."""

@@ -25,6 +25,18 @@ from voice.speech.tts import SpeechAudio
 
 # A sentence ends at ., ! or ? (with closing quotes/brackets) before whitespace, or at a line break.
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
+# What is never read aloud: URLs, paths, config keys and markup.
+_UNSPEAKABLE = re.compile(r"\S*(?:://|/|\\|~|`|\*|_|#)\S*")
+
+
+def spoken_notice(text: str) -> str:
+    """What of a notice is said aloud: its head (before the first ": ", the
+    detail is for the transcript), without paths, URLs or markup."""
+    head, detail, _ = text.partition(": ")
+    spoken = " ".join(_UNSPEAKABLE.sub("", head).split())
+    if detail:  # the head ends where the detail began: end it as a sentence
+        spoken = spoken.rstrip(" .,;:") + "." if spoken.strip(" .,;:") else ""
+    return spoken[:1].upper() + spoken[1:]
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class VoiceSurface:
     speak: Callable[[Sentence], Awaitable[None]]  # hands a sentence to synthesis
     output_latency: Callable[[], int] = lambda: 0  # samples, as the device reports
     on_late: Callable[[str, UnitRef, dict], None] = lambda kind, ref, info: None
+    on_notice: Callable[[str], None] = lambda text: None  # the whole notice, for the transcript
     tracks_playback: bool = True
     poll_s: float = 0.02
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
@@ -153,9 +166,15 @@ class VoiceSurface:
                 await anyio.sleep(0.005)
 
     async def notice(self, text: str) -> None:
+        """The assistant's own message (a timer, an error): written whole to
+        the transcript, and its speakable head said aloud."""
+        self.on_notice(text)
+        spoken = spoken_notice(text)
+        if not spoken:
+            return
         ref = UnitRef("notice", 0, 0, len(self._units))
         self.open(ref)
-        await self.text(ref, text)
+        await self.text(ref, spoken)
         await self.close(ref)
 
     # -- from the pipeline -------------------------------------------------

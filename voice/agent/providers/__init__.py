@@ -8,6 +8,7 @@ from typing import Any
 from voice.agent.providers.base import Provider, ProviderError
 from voice.agent.providers.scripted import ScriptedProvider
 from voice.errors import UsageError
+from voice.paths import config_dir
 
 
 def make_provider(spec: str, config: dict[str, Any]) -> Provider:
@@ -51,7 +52,9 @@ async def open_provider(spec: str, config: dict[str, Any], notice=lambda text: N
             from voice.agent.providers.skills import SkillsProvider
 
             notice(f"no language model answers at {config['llm']['base_url']}; using the built-in skills "
-                   "(timers, notes, time, commands)")
+                   "(timers, notes, time, commands). For open questions, run Ollama or another "
+                   f"OpenAI-compatible server and set llm.base_url and llm.model in {config_dir() / 'voice.toml'} "
+                   "(or pass --llm URL --llm-model NAME)")
             return SkillsProvider()
         raise UsageError(str(exc)) from None
     return provider

@@ -17,7 +17,8 @@ and 30 minutes"), and "please" / "can you" / "hey" may come first:
 - "read my notes", "what are my notes" -> read_notes
 - "run NAME", "start NAME" -> run_command {"name": "name_with_underscores"}
 - "what did you just say", "repeat that" -> the last assistant text heard
-- "help", "what can you do" -> the skills; anything else -> the llm.base_url hint.
+- "help", "what can you do" -> the skills; anything else -> a short spoken HINT
+  that a language model is needed (where to set one up is printed at start-up).
 
 A tool is called only if the request offers it, else the reply says the
 skill is unavailable. A write's confirmation follows its call in the same
@@ -42,11 +43,9 @@ from voice.agent.providers.base import Delta, Finish, ModelRequest, ProviderRout
 from voice.agent.providers.scripted import split_words
 from voice.agent.tools.timers import join_words as _join, spoken_duration
 
-HINT = (
-    "I can only do timers, notes, the time and configured commands without a language model. "
-    "For open questions, point llm.base_url in ~/.config/voice/voice.toml at an OpenAI-compatible "
-    "server such as Ollama."
-)
+# Spoken, so short and plain: no paths, keys or markup. Where to set up a
+# language model is printed once at start-up (voice.agent.providers.open_provider).
+HINT = "Sorry, I need a language model for that. Without one I do timers, notes and the time."
 # Writes whose confirmation text is streamed right after the call.
 CONFIRMED_WRITES = {"set_timer", "cancel_timer", "add_note", "run_command"}
 FAILURE = re.compile(r"^\s*(?:(error|cancelled|blocked|unknown|failed):|(ABORTED_BEFORE_DISPATCH)\b:?)\s*(.*)$", re.S)

@@ -1,0 +1,131 @@
+"""What each config value may be: types come from the documented defaults
+(config/voice.toml); this module adds the ranges and enumerations, so a
+wrong value is refused when the config loads, with what is allowed, and
+nothing (models, audio, the log) has started yet.
+
+A key without a rule here is still checked against its default's type (and
+a list against its default's element type); a rule narrows that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from voice.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Rule:
+    allowed: str  # completes "must be ...": what the error says is allowed
+    ok: Callable[[Any], bool]
+
+
+def one_of(*values: str) -> Rule:
+    return Rule("one of " + ", ".join(json.dumps(v) for v in values), lambda v: v in values)
+
+
+def number(lo: float, hi: float | None = None, *, above: bool = False) -> Rule:
+    """lo < v (above) or lo <= v, and v <= hi."""
+    low = f"above {lo:g}" if above else f"at least {lo:g}"
+    text = f"{low} and at most {hi:g}" if hi is not None else low
+    return Rule(text, lambda v: (v > lo if above else v >= lo) and (hi is None or v <= hi))
+
+
+def _is_url(v: str) -> bool:
+    return re.fullmatch(r"https?://[^\s/]+(/\S*)?", v) is not None
+
+
+URL = Rule('an http(s) URL such as "http://127.0.0.1:11434/v1"', _is_url)
+NON_EMPTY = Rule("a non-empty string", lambda v: bool(v.strip()))
+ARGV = Rule('a non-empty list of strings: the program and its arguments, no shell '
+            '(e.g. ["rsync", "-a", "/home/me/docs/", "/media/usb/docs/"])',
+            lambda v: isinstance(v, list) and bool(v) and all(isinstance(a, str) and a for a in v))
+PHRASES = Rule("a list of non-empty phrases", lambda v: all(w.strip() for w in v))
+
+
+def wake_words() -> list[str]:
+    """The wake-word models pymicro-wakeword ships, found without importing it
+    (that loads TensorFlow Lite): each needs its .json and .tflite."""
+    spec = importlib.util.find_spec("pymicro_wakeword")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    models = Path(list(spec.submodule_search_locations)[0]) / "models"
+    return sorted(p.stem for p in models.glob("*.json") if p.with_suffix(".tflite").is_file())
+
+
+def _wake_word() -> Rule:
+    names = wake_words()
+    return Rule("one of " + ", ".join(names) if names else "a wake word model (pymicro-wakeword is not installed)",
+                lambda v: v in names)
+
+
+RULES: dict[str, Rule | Callable[[], Rule]] = {
+    "llm.provider": Rule('"auto", "openai", an http(s) URL or "scripted:FILE"',
+                         lambda v: v in ("auto", "openai") or _is_url(v) or (v.startswith("scripted:") and len(v) > 9)),
+    "llm.base_url": URL,
+    "llm.model": NON_EMPTY,
+    "llm.api_key_env": Rule("an environment variable name (letters, digits, _)",
+                            lambda v: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) is not None),
+    "llm.timeout_s": number(0, 600, above=True),
+    "llm.retries": number(0, 10),
+    "llm.retry_backoff_s": number(0, 60),
+    "llm.max_steps": number(1, 100),
+    "vad.confidence": number(0, 1, above=True),
+    "vad.start_secs": number(0, 2, above=True),
+    "vad.stop_secs": number(0, 10, above=True),
+    "vad.min_volume": number(0, 1),
+    "stt.model": one_of("base", "tiny.en"),
+    "stt.threads": number(1, 64),
+    "tools.kill_after_s": number(0, 300, above=True),
+    "tools.commands.*": ARGV,
+    "tools.command_env": Rule("a list of environment variable names (letters, digits, _)",
+                              lambda v: all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)
+                                            for n in v)),
+    "service.shutdown_s": number(0, 300, above=True),
+    "service.socket": Rule('"" (the default place) or an absolute path', lambda v: v == "" or v.startswith("/")),
+    "barge_in.confirm_ms": number(0, 10000, above=True),
+    "barge_in.resume_ms": number(0, 60000, above=True),
+    "barge_in.stop_phrases": PHRASES,
+    "listen.mode": one_of("wake", "open"),
+    "listen.wake_word": _wake_word,
+    "listen.window_s": number(0, 3600),
+}
+
+
+def type_name(value: Any) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # TOML-like: "text", 1, true, [..]
+
+
+def validate(config: dict[str, Any], sources: dict[str, str]) -> None:
+    """Every value against its rule; the first one that breaks is a
+    UsageError naming where it came from, the key, the value and what is
+    allowed."""
+    for key, value in _values(config):
+        rule = RULES.get(key) or RULES.get(key.rsplit(".", 1)[0] + ".*")
+        if rule is None:
+            continue
+        rule = rule() if not isinstance(rule, Rule) else rule
+        if not rule.ok(value):
+            raise UsageError(f"{sources.get(key, 'default')}: {key} = {_shown(value)} must be {rule.allowed}")
+
+
+def _values(table: dict[str, Any], prefix: str = ""):
+    """(dotted key, value) of every value; the entries of an open table
+    (a rule named "table.*") are values whatever their type."""
+    open_table = prefix + "*" in RULES
+    for k, v in table.items():
+        if isinstance(v, dict) and not open_table:
+            yield from _values(v, f"{prefix}{k}.")
+        else:
+            yield prefix + k, v

@@ -1,0 +1,89 @@
+"""How `voice ctl` shows the daemon's replies: lines for people by default,
+the daemon's JSON lines with --json; and which replies are failures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from voice.errors import Failed
+from voice.log import events as ev
+
+Show = Callable[[dict[str, Any]], None]
+
+
+def as_json(reply: dict[str, Any]) -> None:
+    print(json.dumps(reply, ensure_ascii=False), flush=True)
+
+
+def for_people(cmd: str) -> Show:
+    def show(reply: dict[str, Any]) -> None:
+        if reply.get("ok") is False:
+            return  # the error is the command's one line on stderr (exit_status)
+        lines = _FORMATS.get(cmd, _status)(reply)
+        if lines:
+            print("\n".join(lines), flush=True)
+
+    return show
+
+
+def exit_status(cmd: str, first: dict[str, Any]) -> int:
+    """0 when the request did what it asked; else `Failed` with the reason."""
+    if first.get("ok") is not True:
+        raise Failed(f"the daemon refused voice ctl {cmd}: {first.get('error', 'no reason given')}")
+    if cmd == "say" and first.get("outcome") != ev.COMPLETED:
+        how = {ev.ABORTED: "stopped by the person", ev.INTERRUPTED: "stopped by a shutdown",
+               ev.ERROR: "ended in an error (the language model failed)"}.get(first.get("outcome"), "did not complete")
+        raise Failed(f"turn {first.get('turn')} {how}")
+    return 0
+
+
+def _status(r: dict[str, Any]) -> list[str]:
+    llm = r.get("llm") or {}
+    listen = r.get("listen") or {}
+    model = f"{llm.get('provider')} {llm.get('model')}" + (f" at {llm['base_url']}" if llm.get("base_url") else "")
+    turn = r.get("turn")
+    return [
+        f"state: {r.get('state')}",
+        f"listening: {listen.get('mode')} ({listen.get('state')})"
+        + (f', wake word "{listen["wake_word"].replace("_", " ")}"' if listen.get("wake_word") else ""),
+        f"turn: {turn if turn is not None else 'none running'}",
+        f"conversation: {r.get('conversation')}",
+        f"audio: {r.get('device')}",
+        f"speech: whisper {r.get('stt')}, {r.get('tts')}",
+        f"language model: {model}",
+        f"muted: {'yes' if r.get('muted') else 'no'}",
+    ]
+
+
+def _say(r: dict[str, Any]) -> list[str]:
+    stopped = " [stopped]" if r.get("outcome") in (ev.ABORTED, ev.INTERRUPTED) else ""
+    return [f"assistant: {r.get('reply', '')}{stopped}"]
+
+
+def _cancel(r: dict[str, Any]) -> list[str]:
+    return ["stopped the turn" if r.get("cancelled") else "nothing was running"]
+
+
+def _mute(r: dict[str, Any]) -> list[str]:
+    return ["muted: the microphone is ignored until voice ctl unmute" if r.get("muted") else "listening again"]
+
+
+def _history(r: dict[str, Any]) -> list[str]:
+    from voice.log.projections import message_line
+
+    return [message_line(m) for m in r.get("messages", [])]
+
+
+def _event(r: dict[str, Any]) -> list[str]:
+    if "streaming" in r:  # the stream's header
+        return []
+    turn = f" turn {r['turn']}" if r.get("turn") is not None else ""
+    return [f"#{r.get('seq')}{turn} {r.get('type')} {json.dumps(r.get('payload'), ensure_ascii=False)}"]
+
+
+_FORMATS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "status": _status, "say": _say, "cancel": _cancel, "mute": _mute, "unmute": _mute, "history": _history,
+    "events": _event,
+}
