@@ -156,7 +156,7 @@ def test_without_xdg_runtime_dir_the_socket_is_private_in_the_users_state(tmp_pa
         d.pump(lambda: "READY=1" in d.messages and expected.exists())
         assert stat.S_IMODE(expected.parent.stat().st_mode) == 0o700
         assert not Path(f"/tmp/voice-{os.getuid()}").joinpath("voice", "control.sock").exists()
-        out = voice(tmp_path, "ctl", "status", XDG_RUNTIME_DIR="")
+        out = voice(tmp_path, "ctl", "status", "--json", XDG_RUNTIME_DIR="")
         assert out.returncode == 0 and json.loads(out.stdout)["ok"], out.stderr
     finally:
         d.stop()
