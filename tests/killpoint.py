@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import voice.agent.providers.openai_compat  # noqa: E402,F401  (imported once, before forking)
-import voice.chat  # noqa: E402,F401
-import voice.runtime  # noqa: E402,F401
+import voice.service.chat  # noqa: E402,F401
+import voice.app  # noqa: E402,F401
 from voice import cli  # noqa: E402
 from voice.log.store import EventStore  # noqa: E402
 

@@ -165,7 +165,7 @@ def test_a_network_provider_on_the_replay_clock_keeps_real_latency():
 import asyncio, time
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.agent.providers.base import Finish, ProviderRoute, TextDelta
-from voice.replay import _OnVirtualClock
+from voice.service.replay import _OnVirtualClock
 clock = VirtualClock(); clock.install()
 
 class Remote:  # waits on a socket-like future, as an HTTP client does

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voice.speech.barge_in import STOP_PHRASES, BargeInJudge, is_backchannel, stop_intent
+from voice.speech.judge import STOP_PHRASES, BargeInJudge, is_backchannel, stop_intent
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDIO = ROOT / "tests" / "fixtures" / "audio"

@@ -9,7 +9,7 @@ import pytest
 
 from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
-from voice.speech.surface import Sentence, VoiceSurface
+from voice.speech.voice_surface import Sentence, VoiceSurface
 from voice.speech.tts import SpeechAudio, WordTiming
 
 UNIT_TEXT = "First point. Second point! Third"
@@ -59,7 +59,7 @@ class Recorder:
 def make_surface(latency: int = 0) -> tuple[VoiceSurface, PlaybackBuffer, Recorder]:
     buf = PlaybackBuffer(16000)
     rec = Recorder()
-    surface = VoiceSurface(buf, rec.speak, output_latency=lambda: latency, on_late=rec.on_late, poll_s=0.005)
+    surface = VoiceSurface(buf, rec.speak, output_latency=lambda: latency, on_late=rec.on_late)
     return surface, buf, rec
 
 

@@ -140,14 +140,9 @@ def _refuse_db(args: argparse.Namespace, why: str) -> None:
 
 
 def _store(args: argparse.Namespace, config: dict[str, Any]):
-    from voice.log.store import EventStore
-    from voice.paths import default_db
+    from voice.app import open_store
 
-    path = Path(args.db or config["paths"]["db"] or default_db())
-    try:
-        return EventStore(path)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    return open_store(config, args.db)
 
 
 def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -> str:
@@ -167,40 +162,24 @@ def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from voice.agent.loop import AgentLoop
-    from voice.agent.providers import make_provider, open_provider
-    from voice.chat import run_chat
+    from voice.app import open_app
     from voice.log.store import new_conversation_id
-    from voice.runtime import build_runtime, loop_settings, start
+    from voice.service.chat import run_chat
     from voice.surfaces.text import TextSurface
 
     config = _config(args)
-    spec = args.llm or config["llm"]["provider"]
-    make_provider(spec, config)  # a bad --llm fails before anything else happens
-    store = _store(args, config)
-    if args.new:
-        conversation = new_conversation_id()
-    elif args.conversation:
-        conversation = args.conversation
-    else:
-        conversation = store.latest_conversation() or new_conversation_id()
     surface = TextSurface(show_reasoning=config["chat"]["show_reasoning"])
-    runtime = build_runtime(config, store, announce=surface.notice)
 
     async def main() -> None:
-        provider = await open_provider(spec, config, notice=lambda text: print(f"[{text}]", flush=True))
-        try:
-            await start(runtime)
-            agent = AgentLoop(store, provider, surface, conversation, runtime.tools, loop_settings(config), runtime.env)
-            await run_chat(agent, timers=runtime.timers)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await provider.aclose()
+        async with open_app(config, db=args.db, llm=args.llm, notice=lambda text: print(f"[{text}]", flush=True)) as app:
+            if args.new:
+                conversation = new_conversation_id()
+            else:
+                conversation = args.conversation or app.store.latest_conversation() or new_conversation_id()
+            await app.announcer.attach(surface.notice)
+            await run_chat(app.agent(surface, conversation))
 
-    try:
-        anyio.run(main)
-    finally:
-        store.close()
+    anyio.run(main)
     return 0
 
 
@@ -250,7 +229,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from voice.replay import run_replay
+    from voice.service.replay import run_replay
 
     _refuse_db(args, f"voice replay always writes a fresh log to {Path(args.out) / 'events.db'} and never "
                      f"touches another; drop --db (read the result with voice history --db {Path(args.out) / 'events.db'})")
@@ -269,16 +248,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from voice.service.daemon import run_daemon
 
-    config = _config(args)
-    return run_daemon(config, _store(args, config), args.llm, Path(args.replay) if args.replay else None,
+    return run_daemon(_config(args), args.db, args.llm, Path(args.replay) if args.replay else None,
                       verbose=args.verbose)
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
-    from voice.service.acp import run_acp
+    from voice.service.acp_server import run_acp
 
-    config = _config(args)
-    return run_acp(config, _store(args, config), args.llm)
+    return run_acp(_config(args), args.db, args.llm)
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
@@ -360,13 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (UsageError, Failed, BrokenPipeError, BaseExceptionGroup) as exc:
-        found = _found(exc, (BrokenPipeError, UsageError, Failed))
-        if found is None:
-            raise
-        if isinstance(found, BrokenPipeError):
+        leaves = _leaves(exc)
+        if not all(isinstance(e, (UsageError, Failed, BrokenPipeError)) for e in leaves):
+            raise  # a bug, with others beside it: shown whole, never reduced to one line
+        if any(isinstance(e, BrokenPipeError) for e in leaves):
             return _pipe_closed()
-        print(f"voice: error: {found}", file=sys.stderr)
-        return 2 if isinstance(found, UsageError) else 1
+        for line in dict.fromkeys(str(e) for e in leaves):  # each problem once, in order
+            print(f"voice: error: {line}", file=sys.stderr)
+        return 2 if any(isinstance(e, UsageError) for e in leaves) else 1
     except KeyboardInterrupt:
         return 130
 
@@ -381,16 +359,11 @@ def _pipe_closed() -> int:
     return 128 + 13  # SIGPIPE
 
 
-def _found(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first exception of `kinds` in `exc`, also when a task group wrapped it."""
-    if isinstance(exc, kinds):
-        return exc
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in `exc`, with task groups' wrapping taken off."""
     if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _found(inner, kinds)
-            if found is not None:
-                return found
-    return None
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 if __name__ == "__main__":

@@ -142,6 +142,7 @@ class AgentLoop:
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
+        self._turn_done: anyio.Event | None = None  # set when the running turn has ended
 
     # -- public ------------------------------------------------------------
 
@@ -164,6 +165,11 @@ class AgentLoop:
     def busy(self) -> bool:
         return self._scope is not None
 
+    async def wait_idle(self) -> None:
+        """Return once no turn runs (its end is recorded)."""
+        if self._turn_done is not None:
+            await self._turn_done.wait()
+
     async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
@@ -175,6 +181,7 @@ class AgentLoop:
         self._cancel_outcome = ev.ABORTED
         self.current_turn = turn
         outcome = ev.ABORTED
+        self._turn_done = anyio.Event()
         with anyio.CancelScope() as scope:
             self._scope = scope
             try:
@@ -188,6 +195,7 @@ class AgentLoop:
                 self._scope = None
                 self._state = None
                 self.current_turn = None
+                self._turn_done.set()
         return TurnResult(turn, outcome)
 
     # -- steps -------------------------------------------------------------

@@ -58,6 +58,15 @@ class PlaybackBuffer:
     clears: list[int] = field(default_factory=list)
     #: device positions at which a chunk's first sample was handed over
     starts: list[int] = field(default_factory=list)
+    #: called (from the thread that pulls) after a pull that started or
+    #: finished a chunk, or carried out a clear, drop, pause or resume
+    _listeners: list = field(default_factory=list)
+
+    def subscribe(self, listener) -> None:
+        """`listener()` is called after every pull that changed what plays;
+        from the pulling thread (the audio callback), so it must only hand
+        the news on (e.g. loop.call_soon_threadsafe)."""
+        self._listeners.append(listener)
 
     def enqueue(self, key: Hashable, samples: np.ndarray) -> None:
         if samples.dtype != np.int16 or samples.ndim != 1:
@@ -90,8 +99,10 @@ class PlaybackBuffer:
     def pull(self, n: int) -> np.ndarray:
         """The next `n` samples for the device (silence when idle)."""
         out = np.zeros(n, dtype=np.int16)
+        changed = False
         with self._lock:
             if self._clear_requested:
+                changed = True
                 for chunk in self._queue:
                     chunk.dropped = True
                     chunk.release()
@@ -99,12 +110,14 @@ class PlaybackBuffer:
                 self._clear_requested = False
                 self.clears.append(self.position)
             if self._pause_requested is not None:
+                changed = changed or self._pause_requested != self.paused
                 if self._pause_requested and not self.paused:
                     self.pauses.append(self.position)
                 elif not self._pause_requested and self.paused:
                     self.resumes.append(self.position)
                 self.paused, self._pause_requested = self._pause_requested, None
             if self._drop_requested:
+                changed = True
                 for chunk in self._queue:
                     if chunk.key in self._drop_requested:
                         chunk.dropped = True
@@ -117,6 +130,7 @@ class PlaybackBuffer:
                 if chunk.start is None:
                     chunk.start = self.position + filled
                     self.starts.append(chunk.start)
+                    changed = True
                 take = min(n - filled, chunk.length - chunk.taken)
                 out[filled : filled + take] = chunk.samples[chunk.taken : chunk.taken + take]
                 chunk.taken += take
@@ -124,7 +138,11 @@ class PlaybackBuffer:
                 if chunk.taken == chunk.length:
                     self._queue.popleft()
                     chunk.release()
+                    changed = True
             self.position += n
+        if changed:
+            for listener in self._listeners:
+                listener()
         return out
 
     # -- what was heard ----------------------------------------------------

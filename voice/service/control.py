@@ -32,14 +32,16 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import ByteStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from voice.errors import Failed, UsageError
-from voice.log.projections import derive_messages
+from voice.agent.loop import TurnResult
+from voice.log.projections import turn_reply
+from voice.log.store import EventStore
 from voice.paths import state_dir
 
 MAX_LINE = 64 * 1024
@@ -142,9 +144,31 @@ def parse_request(line: bytes) -> dict[str, Any]:
     return request
 
 
+class Assistant(Protocol):
+    """What the control socket may ask of the running assistant (the voice
+    session implements it); nothing else of its insides is reached."""
+
+    store: EventStore
+
+    @property
+    def conversation(self) -> str: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def say(self, text: str) -> TurnResult:
+        """A typed turn, answered like a spoken one. Raises
+        anyio.ClosedResourceError/BrokenResourceError when shutting down."""
+
+    async def cancel(self) -> bool: ...
+
+    def mute(self, muted: bool) -> bool: ...
+
+    def history(self) -> list[dict[str, Any]]: ...
+
+
 class ControlServer:
-    def __init__(self, session, config: dict[str, Any]):
-        self.session = session
+    def __init__(self, assistant: Assistant, config: dict[str, Any]):
+        self.assistant = assistant
         self.config = config
         self.path = socket_path(config)
         self.connections = 0
@@ -239,35 +263,26 @@ class ControlServer:
             await stream.send(json.dumps(reply, ensure_ascii=False).encode() + b"\n")
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        s = self.session
+        a = self.assistant
         cmd = request["cmd"]
         if cmd == "status":
-            route = s.provider.route
-            return {"ok": True, "state": s.state(), "turn": s.agent.current_turn, "conversation": s.conversation,
-                    "device": s.device.describe(), "stt": s.stt.name, "tts": "piper en_US-joe-medium",
-                    "llm": {"provider": route.provider, "model": route.model, "base_url": route.base_url},
-                    "muted": s.listen.muted,
-                    "listen": {"mode": s.listen.gate.mode if s.listen.gate else "open",
-                               "state": s.listen.gate.state(s.listen.position / 16000) if s.listen.gate else "open",
-                               "wake_word": s.wake_word}}
+            return {"ok": True, **a.status()}
         if cmd == "say":
             text = request.get("text")
             if not isinstance(text, str) or not text.strip():
                 return {"ok": False, "error": 'say needs {"text": "..."}'}
-            result = await s.submit_text(text.strip())
-            if result is None:
-                return {"ok": False, "error": "the turn failed; see the daemon's log"}
-            from voice.log.projections import turn_reply
-
-            reply = turn_reply(s.store, s.conversation, result.turn)
+            try:
+                result = await a.say(text.strip())
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return {"ok": False, "error": "the assistant is shutting down; the turn did not run"}
+            reply = turn_reply(a.store, a.conversation, result.turn)
             return {"ok": True, "turn": result.turn, "outcome": result.outcome, "reply": reply.delivered_text}
         if cmd == "cancel":
-            return {"ok": True, "cancelled": await s.interrupt()}
+            return {"ok": True, "cancelled": await a.cancel()}
         if cmd in ("mute", "unmute"):
-            s.listen.muted = cmd == "mute"
-            return {"ok": True, "muted": s.listen.muted}
+            return {"ok": True, "muted": a.mute(cmd == "mute")}
         if cmd == "history":
-            return {"ok": True, "conversation": s.conversation, "messages": derive_messages(s.store, s.conversation)}
+            return {"ok": True, "conversation": a.conversation, "messages": a.history()}
         return {"ok": False, "error": f"unknown command {cmd!r}; known: {', '.join(COMMANDS)}"}
 
     async def _events(self, stream: ByteStream, request: dict[str, Any]) -> None:
@@ -275,11 +290,11 @@ class ControlServer:
         if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
             await self._send(stream, {"ok": False, "error": '"after" must be a sequence number (0 or more)'})
             return
-        after = after if after is not None else self.session.store.last_seq()
+        after = after if after is not None else self.assistant.store.last_seq()
         follow = request.get("follow", True) is not False
         await self._send(stream, {"ok": True, "streaming": "events", "after": after, "follow": follow})
         while True:  # until the client leaves (the send fails), the daemon stops, or all is sent
-            for event in self.session.store.events(after_seq=after):
+            for event in self.assistant.store.events(after_seq=after):
                 await self._send(stream, event.to_json())
                 after = event.seq
             if not follow:

@@ -92,10 +92,11 @@ def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
         model, cfg = models.piper_joe()
         detail = f"piper en_US-joe-medium, {_size_mb([model, cfg]):.0f} MB"
         if load:
+            from voice.audio.device import MIC_RATE
             from voice.speech.tts import PiperEngine
 
             started = time.perf_counter()
-            PiperEngine(16000, alignments=config["tts"]["alignments"])
+            PiperEngine(MIC_RATE, alignments=config["tts"]["alignments"])
             detail += f", loads in {time.perf_counter() - started:.1f} s"
         out.append(Check("speech synthesis", OK, detail))
     except Exception as exc:  # as above

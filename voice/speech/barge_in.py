@@ -1,128 +1,171 @@
-"""Barge-in that confirms or resumes: a pure state machine.
+"""Barge-in control: pause, confirm or resume, clear.
 
-On speech onset while the assistant talks, the output pauses at once (the
-acknowledgement). Then:
-- voiced speech lasting `confirm_ms` in all confirms it (the turn is cancelled,
-  the delivered prefix ends where playback paused);
-- an utterance that ends sooner is judged by its words: a backchannel or
-  noise ("mm-hmm", "yeah", a cough transcribed as nothing) resumes, and so
-  do the assistant's own words coming back through the speaker before the
-  echo canceller has converged; anything else ("stop", "wait") confirms;
-- nothing decisive within `resume_ms` resumes from the paused sample, unless
-  the utterance's words are on their way (it is still going on, or being
-  transcribed): those are waited for, up to `WORDS_WAIT` times `resume_ms`,
-  so a short "stop" is never played over while Whisper works on it.
+Speech onset while the assistant is busy (a turn running or audio queued)
+pauses the speaker at once: that is the acknowledgement. The judge
+(voice.speech.judge, a pure state machine) then confirms or resumes, from
+the voiced length of the utterance or, when it ends sooner, from its words.
+A confirmed barge-in cancels the agent's turn (its cancel scope), clears
+the speaker buffer inside the device callback and interrupts the pipeline
+(pipecat's `InterruptionFrame` drops queued sentences). A resume plays on
+from the paused sample, losing nothing.
 
-What a confirmed barge-in asks for is decided by its words too
-(`stop_intent`): an utterance made only of stop phrases ("stop", "never
-mind", "okay thanks") is the person's stop and nothing more, so it is not
-answered; "Stop. Tell me something else instead." asks for more, and is.
+When the words of an utterance that cut (or paused) the reply arrive, they
+also say what the person wanted (`heard()`): a stop or a backchannel asks
+for nothing more and is recorded as the person's stop; anything else is a
+request and becomes a turn.
+
+The controller writes `speech/paused` and `speech/resumed`; it never waits:
+every method returns within one mic block.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
-Verdict = Literal["confirm", "resume"]
+from voice.agent.loop import AgentLoop
+from voice.audio.playback import PlaybackBuffer
+from voice.log import events as ev
+from voice.speech.judge import BargeInJudge, is_backchannel, stop_intent
 
-BACKCHANNELS = frozenset({
-    "", "mm", "mmm", "hmm", "mhm", "mmhmm", "mm hmm", "uh huh", "uhhuh", "uh", "um", "ah", "oh", "yeah", "yes",
-    "yep", "ok", "okay", "right", "sure", "i see", "aha", "huh",
-    # what Whisper makes of a cough or a door on its own
-    "you", "thank you", "thanks",
-})
-
-
-STOP_PHRASES = (  # the default of [barge_in] stop_phrases (config/voice.toml documents it)
-    "stop", "stop it", "stop talking", "stop there", "wait", "hold on", "hang on", "pause", "quiet", "be quiet",
-    "hush", "shush", "shh", "silence", "shut up", "enough", "that's enough", "that will do", "never mind",
-    "nevermind", "forget it", "cancel", "cancel that", "okay thanks", "ok thanks", "no thanks", "thanks",
-    "thank you", "got it",
-)
-# Words that may come with a stop phrase without asking for anything ("okay, stop please").
-STOP_FILLERS = frozenset({"okay", "ok", "oh", "please", "um", "uh", "no", "just", "now", "alright", "all", "right",
-                          "hey", "so", "yeah", "sorry", "actually", "nabu"})
+# (event type, payload, turn) -> the log
+Log = Callable[[str, dict[str, Any], int | None], None]
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower().replace("-", " ").replace("'", "").replace("\u2019", ""))
+@dataclass(frozen=True)
+class Heard:
+    """What a finished utterance turned out to be."""
+
+    text: str
+    stop: str | None  # None: a request; "stop", "backchannel" or "sound": the person's stop, not answered
+    stopped_turn: int | None  # the turn it stopped, if it stopped one
 
 
-def stop_intent(text: str, phrases: tuple[str, ...] | list[str] = STOP_PHRASES) -> bool:
-    """The utterance is only a stop: every word belongs to a stop phrase or is
-    a filler, and at least one stop phrase is there. Longest phrases first."""
-    words, wanted = _words(text), sorted({tuple(_words(p)) for p in phrases if _words(p)}, key=len, reverse=True)
-    i, found = 0, False
-    while i < len(words):
-        match = next((p for p in wanted if tuple(words[i:i + len(p)]) == p), None)
-        if match is not None:
-            i, found = i + len(match), True
-        elif words[i] in STOP_FILLERS:
-            i += 1
-        else:
+class BargeInController:
+    def __init__(self, judge: BargeInJudge, buffer: PlaybackBuffer, agent: AgentLoop, *, log: Log,
+                 stop_phrases: tuple[str, ...], interrupt_pipeline: Callable[[], Awaitable[None]],
+                 on_cut: Callable[[int], None] = lambda onset: None,
+                 ignored: Callable[[str], None] = lambda why: None):
+        self.judge = judge
+        self.buffer = buffer
+        self.agent = agent
+        self._log = log
+        self._stop_phrases = stop_phrases
+        self._interrupt_pipeline = interrupt_pipeline
+        self._on_cut = on_cut  # the running turn was cut by speech that began at this onset
+        self._ignored = ignored
+        self._pause_turn: int | None = None
+        self._cut: tuple[int, int | None] | None = None  # (onset, turn) confirmed before its words were known
+        self._words_due: set[int] = set()  # onsets of utterances that ended and are being transcribed
+
+    def assistant_busy(self) -> bool:
+        return self.agent.busy or self.buffer.pending()
+
+    # -- from the listener, one mic block at a time --------------------------
+
+    def onset(self, onset: int) -> bool:
+        """Speech began at `onset`. While the assistant is busy this pauses
+        the output (the acknowledgement) and returns True: the utterance is
+        a barge-in and needs no wake word."""
+        if self.judge.pending or not self.assistant_busy():
             return False
-    return found
+        self.judge.start(onset)
+        self.buffer.request_pause()
+        self._pause_turn = self.agent.current_turn
+        self._log(ev.SPEECH_PAUSED, {"onset": onset}, self._pause_turn)
+        return True
 
+    def block(self, samples: int, voiced: bool, position: int, speaking: bool) -> bool:
+        """One mic block while a barge-in may be pending; `speaking`: the
+        utterance is still going on. True when the barge-in was confirmed
+        (the caller then interrupts the pipeline)."""
+        onset = self.judge.onset
+        words_due = speaking or onset in self._words_due
+        verdict = self.judge.feed(samples, voiced, position, words_due)
+        if verdict == "confirm" and onset is not None:
+            self._cut = (onset, self._pause_turn)  # its words, once heard, say whether it asked for more
+        elif verdict == "resume":
+            self._ignored("a sound paused the reply and no speech followed; the reply went on")
+        return self._settle(verdict, onset, "voiced speech" if verdict == "confirm" else "no speech followed")
 
-# Sounds of assent, alone or repeated ("yeah yeah"; Whisper writes a hum as "M-M-M").
-_ASSENT = frozenset({"m", "mm", "mmm", "hm", "hmm", "mhm", "mmhmm", "uh", "huh", "uhhuh", "um", "ah", "oh", "aha",
-                     "yeah", "yes", "yep", "ok", "okay", "right", "sure"})
+    def utterance_ended(self, onset: int) -> None:
+        """The utterance that began at `onset` ended; its words are on their way."""
+        self._words_due.add(onset)
 
+    # -- the utterance's words -----------------------------------------------
 
-def is_backchannel(text: str) -> bool:
-    words = _words(text)
-    return " ".join(words) in BACKCHANNELS or all(w in _ASSENT for w in words)
-
-
-def is_own_echo(text: str, speaking: str) -> bool:
-    """Most of what was heard is words the assistant is saying."""
-    heard, own = _words(text), set(_words(speaking))
-    return bool(heard) and sum(w in own for w in heard) >= 0.6 * len(heard)
-
-
-WORDS_WAIT = 4  # how much longer than resume_ms the judge waits for words on their way
-
-
-@dataclass
-class BargeInJudge:
-    confirm_ms: float = 500.0
-    resume_ms: float = 2000.0
-    rate: int = 16000
-    onset: int | None = None  # mic sample position of the speech that paused the output
-    voiced: int = 0
-
-    @property
-    def pending(self) -> bool:
-        return self.onset is not None
-
-    def start(self, onset: int) -> None:
-        self.onset, self.voiced = onset, 0
-
-    def feed(self, samples: int, voiced: bool, position: int, words_due: bool = False) -> Verdict | None:
-        """One mic block while pending; `position` is the block's end;
-        `words_due`: the utterance's words will come (it is not over, or it
-        is being transcribed)."""
-        if self.onset is None:
+    async def heard(self, text: str, onset: int, doubtful: bool, speaking_text: str) -> Heard | None:
+        """The words of the utterance that began at `onset` (possibly none);
+        `speaking_text` is what the assistant is saying. None when it asks
+        for nothing at all (a sound, a backchannel or the assistant's own
+        echo that only paused the reply, which then went on)."""
+        self._words_due.discard(onset)
+        pending = self.judge.pending and onset == self.judge.onset
+        cut_by_length = self._cut is not None and self._cut[0] == onset
+        said = text
+        if (pending or cut_by_length) and doubtful:  # a hum Whisper made words of: a sound
+            self._ignored(f"heard {text!r} over the reply, too unsure to be words")
+            said = ""
+        if pending:  # it ended before the judge decided: its words decide
+            cut_turn = self._pause_turn
+            if not await self._judge_words(said, speaking_text):
+                return None
+        elif cut_by_length:
+            cut_turn, self._cut = self._cut[1], None
+        else:
+            cut_turn = None
+        cut = pending or cut_by_length
+        if not said and not cut:
+            self._ignored("a sound with no words")
             return None
-        if voiced:
-            self.voiced += samples
-        if self.voiced >= self.confirm_ms * self.rate / 1000:
-            return self._end("confirm")
-        waited = position - self.onset
-        limit = self.resume_ms * self.rate / 1000
-        if waited >= limit and (not words_due or waited >= WORDS_WAIT * limit):
-            return self._end("resume")
-        return None
+        if not said:  # it stopped the reply by its length, and asked for nothing: recorded as such
+            return Heard(text, "sound", cut_turn)
+        stop = "stop" if stop_intent(said, self._stop_phrases) else None
+        if stop is None and cut and is_backchannel(said):
+            stop = "backchannel"  # it cut the reply by its length; its words ask for nothing
+        if stop is not None and not cut and self.assistant_busy():
+            # a stop said just as the assistant started: it stops it all the same
+            cut_turn = self.agent.current_turn
+            if self.agent.busy:
+                self._on_cut(onset)
+            await self.interrupt()
+        return Heard(said, stop, cut_turn)
 
-    def heard(self, text: str, speaking: str = "") -> Verdict | None:
-        """The utterance that paused the output has been transcribed;
-        `speaking` is the text of the reply being spoken."""
-        if self.onset is None:
-            return None
-        return self._end("resume" if is_backchannel(text) or is_own_echo(text, speaking) else "confirm")
+    async def interrupt(self) -> bool:
+        """The barge-in protocol without the speech (a stop said late, `voice
+        ctl cancel`): cancel the turn, drop queued speech, clear the buffer."""
+        cancelled = self.agent.cancel()
+        self.buffer.request_clear()
+        await self._interrupt_pipeline()
+        return cancelled
 
-    def _end(self, verdict: Verdict) -> Verdict:
-        self.onset, self.voiced = None, 0
-        return verdict
+    # -- internals -------------------------------------------------------------
+
+    async def _judge_words(self, text: str, speaking_text: str) -> bool:
+        """The pending barge-in decided by its words: False when they were a
+        backchannel or the assistant's own echo (the reply goes on)."""
+        onset = self.judge.onset
+        verdict = self.judge.heard(text, speaking_text)
+        if self._settle(verdict, onset, f"heard {text!r}"):
+            await self._interrupt_pipeline()
+        if verdict == "resume":
+            what = "a sound with no words" if not text else f"{text!r}, " + (
+                "a backchannel," if is_backchannel(text) else "the assistant's own voice (echo),")
+            self._ignored(f"{what} over the reply; the reply went on")
+            return False
+        return True
+
+    def _settle(self, verdict: str | None, onset: int | None, reason: str) -> bool:
+        if verdict is None or onset is None:
+            return False
+        if verdict == "resume":
+            self.buffer.request_resume()
+            self._log(ev.SPEECH_RESUMED, {"onset": onset, "reason": reason}, self._pause_turn)
+            return False
+        if self.agent.busy:
+            self._on_cut(onset)
+        self.agent.cancel()
+        self.buffer.request_clear()
+        self.buffer.request_resume()  # the clear comes first in the same pull: nothing old plays
+        return True

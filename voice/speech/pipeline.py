@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio
 import numpy as np
 from pipecat.audio.vad.vad_analyzer import VADState
 from pipecat.frames.frames import (
@@ -30,11 +31,11 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
+from voice.audio.clock import run_blocking
+from voice.audio.device import MIC_RATE
 from voice.speech.stt import SttEngine
-from voice.speech.surface import Sentence, VoiceSurface
 from voice.speech.tts import SpeechAudio, TtsEngine
-
-MIC_RATE = 16000
+from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
 @dataclass
@@ -65,12 +66,14 @@ class SpeechAudioFrame(DataFrame):
 
 
 class ListenEvents(Protocol):
-    async def user_started(self, onset: int) -> bool: ...
+    """What the processors tell the session (voice.speech.session)."""
+
+    def user_started(self, onset: int) -> bool: ...
     def assistant_busy(self) -> bool: ...
     def woke(self) -> None: ...
     def ignored(self, why: str) -> None: ...
     def utterance_ended(self, onset: int) -> None: ...
-    async def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
+    def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
     async def user_text(self, frame: UserTextFrame) -> None: ...
     def late(self, kind: str, ref, info: dict) -> None: ...
 
@@ -99,6 +102,7 @@ class ListenProcessor(FrameProcessor):
         self.speaking = False
         self.muted = False
         self._onset = 0
+        self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -112,6 +116,7 @@ class ListenProcessor(FrameProcessor):
         if self.muted:
             audio = bytes(len(audio))
         state = await self._vad.analyze_audio(audio)
+        self.heard_audio.set()
         if self._wake is not None and self._wake.process(audio):
             self._wake_at = self.position + n
             self.gate.on_wake(self._wake_at / MIC_RATE)
@@ -133,9 +138,9 @@ class ListenProcessor(FrameProcessor):
             self._utterance = bytearray(b"".join(self._preroll))
             self._utterance_start = self.position + n - len(self._utterance) // 2
             await self.push_frame(UserStartedSpeakingFrame())
-            self._barge_in = await self._events.user_started(self._onset)
+            self._barge_in = self._events.user_started(self._onset)
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
-        if await self._events.barge_in_block(n, voiced, self.position + n):
+        if self._events.barge_in_block(n, voiced, self.position + n):
             await self.push_frame(InterruptionFrame())
         elif self.speaking and state == VADState.QUIET:
             self.speaking = False
@@ -180,7 +185,7 @@ class TranscribeProcessor(FrameProcessor):
             audio = np.frombuffer(frame.audio, np.int16).astype(np.float32) / 32768.0
             self.busy = True
             try:
-                result = await asyncio.get_running_loop().run_in_executor(None, self._stt.transcribe, audio)
+                result = await run_blocking(self._stt.transcribe, audio)
             finally:
                 self.busy = False
             # Even no words are news: a sound that paused the reply is then
@@ -239,8 +244,11 @@ class SpeakProcessor(FrameProcessor):
             self._events.late("tts-failed", sentence.ref, {"sentence": sentence.index, "error": repr(exc)})
             audio = SpeechAudio(np.zeros(0, np.int16), self._tts.rate, (), "failed", 0.0)
         except asyncio.CancelledError:
-            # Interrupted: the synthesis thread finishes on its own; its audio is late.
-            job.add_done_callback(lambda _: self._events.late("tts-audio", sentence.ref, {"sentence": sentence.index}))
+            # Interrupted: the synthesis thread finishes on its own and its audio
+            # is never used. Recorded now, while the turn's log is current; the
+            # job's own outcome is only collected, never acted on.
+            self._events.late("tts-audio", sentence.ref, {"sentence": sentence.index})
+            job.add_done_callback(_collect)
             raise
         finally:
             self.busy = False
@@ -261,3 +269,10 @@ class PlayProcessor(FrameProcessor):
             await self.push_frame(frame, direction)
         else:
             await self.push_frame(frame, direction)
+
+
+def _collect(job: asyncio.Future) -> None:
+    """Retrieve an abandoned job's outcome (so no 'exception was never
+    retrieved' is logged); nothing else happens with it."""
+    if not job.cancelled():
+        job.exception()

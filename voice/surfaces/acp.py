@@ -25,6 +25,9 @@ from voice.agent.surface import Delivered, UnitRef
 log = logging.getLogger("voice.acp")
 
 SEND_BOUND_S = 5.0  # a client that stops reading stdout for this long loses the piece
+# What a send raises when the client has gone (its pipe closed, the connection
+# torn down). Anything else is a bug, and is not turned into "not delivered".
+CLIENT_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
 
 @dataclass
@@ -43,6 +46,7 @@ class AcpSurface:
     tracks_playback: bool = False
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
     _in_flight: int = 0
+    _drained: anyio.Event | None = None  # set when the last send in flight ends
 
     # -- sending -------------------------------------------------------------
 
@@ -56,17 +60,22 @@ class AcpSurface:
                     return True
             log.warning("acp: a session/update was not written within %.0f s", SEND_BOUND_S)
             return False
-        except Exception as exc:  # the client went away: nothing more reaches it
+        except CLIENT_GONE as exc:  # the client went away: nothing more reaches it
             log.warning("acp: session/update failed: %s", exc)
             return False
         finally:
             self._in_flight -= 1
+            if not self._in_flight and self._drained is not None:
+                self._drained.set()
+                self._drained = None
 
     async def drain(self, bound_s: float = SEND_BOUND_S) -> None:
         """Wait until no send is in flight (so they precede what comes next)."""
         with anyio.move_on_after(bound_s):
             while self._in_flight:
-                await anyio.sleep(0.002)
+                if self._drained is None:
+                    self._drained = anyio.Event()
+                await self._drained.wait()
 
     # -- the Surface protocol --------------------------------------------------
 

@@ -53,7 +53,7 @@ def _start_reader(stdin: TextIO) -> anyio.abc.ObjectReceiveStream[str | None]:
     return receive
 
 
-async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout, timers=None) -> None:
+async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
     interactive = stdin.isatty()
     lines = _start_reader(stdin)
     async with lines, anyio.create_task_group() as tg:
@@ -66,8 +66,6 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
                         tg.cancel_scope.cancel()
 
         tg.start_soon(on_sigint)
-        if timers is not None:
-            tg.start_soon(timers.run)
         while True:
             if interactive:
                 out.write("you> ")

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
+from voice.audio.device import MIC_RATE
 from voice.errors import UsageError
 
-RATE = 16000
 
 
 def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realtime: bool = False,
@@ -38,15 +38,13 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
 
     from voice.agent.providers import open_provider
     from voice.agent.providers.scripted import ScriptedProvider
-    from voice.runtime import build_runtime, loop_settings
-    from voice.audio.replay import ReplayDevice
-    from voice.audio.scenario import load_scenario
+    from voice.app import open_app
+    from voice.audio.replay_device import ReplayDevice
     from voice.audio.wav import write_wav
     from voice.log.store import EventStore, new_conversation_id
-    from voice.speech.models import ModelMissing, load_with_progress
-    from voice.speech.session import BargeInSettings, ListenSettings, VadSettings, VoiceSession
-    from voice.speech.stt import WhisperEngine
-    from voice.speech.tts import PiperEngine
+    from voice.service.scenario import load_scenario
+    from voice.speech.builder import build_voice_session, load_models
+    from voice.speech.settings import VoiceSettings
 
     try:
         scenario = load_scenario(scenario_path)
@@ -55,54 +53,45 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
     out.mkdir(parents=True, exist_ok=True)
     for name in ("events.db", "events.db-wal", "events.db-shm"):
         (out / name).unlink(missing_ok=True)
-    spec = scenario.llm or config["llm"]["provider"]
-    provider = (ScriptedProvider(list(scenario.replies), name=scenario.path.name) if scenario.replies is not None
-                else anyio.run(open_provider, spec, config))
-    if not realtime and not isinstance(provider, ScriptedProvider):
-        provider = _OnVirtualClock(provider, clock)
-    model = stt_model or scenario.stt_model or config["stt"]["model"]
-    try:
-        stt = load_with_progress(f"speech recognition (whisper {model})", lambda: WhisperEngine(model, config["stt"]["threads"]))
-        tts = load_with_progress("speech synthesis (piper en_US-joe-medium)",
-                        lambda: PiperEngine(RATE, alignments=config["tts"]["alignments"]))
-    except (ModelMissing, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-    store = EventStore(out / "events.db")
-    session: VoiceSession | None = None
     aec_on = scenario.echo_cancellation if scenario.echo_cancellation is not None else config["audio"]["echo_cancellation"]
-    echo = _load_echo() if aec_on else None
+    settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
+    running: list[Any] = []
+    device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle(), realtime=realtime)
+    scripted = scenario.scripted_provider()
+    llm = scripted or scenario.llm or config["llm"]["provider"]
+    outcome: dict[str, Any] = {}
 
-    async def announce(text: str) -> None:
-        if session is not None:
-            await session.surface.notice(text)
+    async def main() -> None:
+        provider = scripted
+        if provider is None:
+            with clock.busy():  # a real server's answer is network I/O: the clock must not jump over it
+                provider = _OnVirtualClock(await open_provider(llm, config), clock)
+        store = EventStore(out / "events.db")
+        # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
+        async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False) as app:
+            for t in scenario.tools:
+                app.tools.add(_scenario_tool(t))
+            models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
+                                 echo_cancellation=aec_on, echo_required=True)
+            session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
+                                          aside=(lambda line: print(line, flush=True)) if verbose else None)
+            running.append(session)
+            started = time.perf_counter()
+            await session.run()
+            wall = time.perf_counter() - started
+            write_wav(out / "mic.wav", device.mic(), MIC_RATE)
+            write_wav(out / "played.wav", device.played(), MIC_RATE)
+            outcome["summary"] = _summary(session, device, app.store, wall)
+            if isinstance(app.provider, ScriptedProvider):  # what the model was really sent, for parity checks
+                (out / "requests.json").write_text(
+                    json.dumps([list(r.messages) for r in app.provider.requests], indent=1) + "\n")
 
-    runtime = build_runtime(config, store, announce)
-    runtime.env.data_dir = out / "data"  # a replay's notes stay with its outputs
-    for t in scenario.tools:
-        runtime.tools.add(_scenario_tool(t))
-    device = ReplayDevice(scenario, idle=lambda: session is not None and session.idle(), realtime=realtime)
-    session = VoiceSession(
-        store=store, provider=provider, tools=runtime.tools, settings=loop_settings(config),
-        conversation=new_conversation_id(), device=device, stt=stt, tts=tts,
-        vad=VadSettings(**config["vad"]), tool_env=runtime.env, timers=runtime.timers, echo=echo,
-        barge_in=BargeInSettings(**config["barge_in"]),
-        aside=(lambda line: print(line, flush=True)) if verbose else None,
-        listen_mode=ListenSettings(mode=scenario.listen_mode, wake_word=config["listen"]["wake_word"],
-                                   window_s=scenario.window_s or config["listen"]["window_s"]),
-    )
-    started = time.perf_counter()
     if realtime:
-        anyio.run(session.run)
+        anyio.run(main)
     else:
-        run_on_virtual_clock(session.run(), clock)
-    wall = time.perf_counter() - started
-    write_wav(out / "mic.wav", device.mic(), RATE)
-    write_wav(out / "played.wav", device.played(), RATE)
-    summary = _summary(session, device, store, wall)
+        run_on_virtual_clock(main(), clock)
+    summary = outcome["summary"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    if isinstance(provider, ScriptedProvider):  # what the model was really sent, for parity checks
-        (out / "requests.json").write_text(json.dumps([list(r.messages) for r in provider.requests], indent=1) + "\n")
-    store.close()
     return summary
 
 
@@ -121,15 +110,6 @@ class _OnVirtualClock:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-def _load_echo():
-    from voice.audio.echo import EchoCanceller, EchoUnavailable
-
-    try:
-        return EchoCanceller()
-    except EchoUnavailable as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _scenario_tool(spec):
@@ -157,8 +137,8 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
             if clips:
                 onset = max(p.onset for p in clips)
-                barge_in_s = onset / RATE
-                ack_ms = round((info.clear_position - onset) / RATE * 1000, 1)
+                barge_in_s = onset / MIC_RATE
+                ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
         turns.append({
             "turn": info.turn,
             "user_text": reply.user_text,
@@ -168,15 +148,15 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "status": reply.outcome,
             "barge_in_s": barge_in_s,
             "ack_ms": ack_ms,
-            "stop_s": info.clear_position / RATE if info.clear_position is not None else None,
-            "speech_start_s": span[0] / RATE if span else None,
-            "speech_end_s": span[1] / RATE if span else None,
-            "user_start_s": info.utterance_start / RATE,
-            "user_end_s": info.utterance_end / RATE,
+            "stop_s": info.clear_position / MIC_RATE if info.clear_position is not None else None,
+            "speech_start_s": span[0] / MIC_RATE if span else None,
+            "speech_end_s": span[1] / MIC_RATE if span else None,
+            "user_start_s": info.utterance_start / MIC_RATE,
+            "user_end_s": info.utterance_end / MIC_RATE,
             "stt_s": round(info.stt_s, 3),
         })
     lateness = sorted(device.tick_lateness) or [0.0]
-    duration = device.position / RATE
+    duration = device.position / MIC_RATE
     return {
         "turns": turns,
         "device": {
@@ -185,7 +165,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "wall_s": round(wall, 2),
             "speedup": round(duration / wall, 2) if wall else None,
             "tick_lateness_ms_p99": round(lateness[int(0.99 * (len(lateness) - 1))] * 1000, 1),
-            "clips": [{"audio": p.clip.name, "start_s": p.start / RATE, "onset_s": p.onset / RATE} for p in device.placed],
+            "clips": [{"audio": p.clip.name, "start_s": p.start / MIC_RATE, "onset_s": p.onset / MIC_RATE} for p in device.placed],
             "gave_up": device.gave_up,
         },
     }

@@ -29,11 +29,11 @@ from typing import Any
 import anyio
 
 from voice.agent.loop import AgentLoop
+from voice.app import App
 from voice.agent.tools import ToolRegistry
 from voice.agent.tools.base import Tool, ToolContext, ToolOutcome
 from voice.errors import UsageError
 from voice.log import events as ev
-from voice.log.store import EventStore
 from voice.surfaces.acp import AcpSurface
 
 log = logging.getLogger("voice.acp")
@@ -96,8 +96,8 @@ class VoiceAcpAgent:
     """The acp.Agent: initialize, session/new, session/prompt, session/cancel.
     Methods it does not define answer "method not found"."""
 
-    def __init__(self, store: EventStore, provider, runtime, config: dict[str, Any]):
-        self.store, self.provider, self.runtime, self.config = store, provider, runtime, config
+    def __init__(self, app: App):
+        self.app = app
         self.conn: Any = None
         self.sessions: dict[str, _Session] = {}
         self.active: str | None = None  # the session timers announce to
@@ -123,14 +123,12 @@ class VoiceAcpAgent:
         from acp import NewSessionResponse
 
         from voice.log.store import new_conversation_id
-        from voice.runtime import loop_settings
 
         if mcp_servers:
             log.warning("acp: MCP servers are not supported; ignoring %d", len(mcp_servers))
         conversation = new_conversation_id()
-        surface = AcpSurface(self.conn, conversation, show_reasoning=self.config["chat"]["show_reasoning"])
-        agent = AgentLoop(self.store, self.provider, surface, conversation, reported_tools(self.runtime.tools, surface),
-                          loop_settings(self.config), self.runtime.env)
+        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config["chat"]["show_reasoning"])
+        agent = self.app.agent(surface, conversation, reported_tools(self.app.tools, surface))
         self.sessions[conversation] = _Session(surface, agent)
         self.active = conversation
         return NewSessionResponse(session_id=conversation)
@@ -185,49 +183,30 @@ async def _protocol_streams():
         sys.stdout = sys.stderr
 
 
-def run_acp(config: dict[str, Any], store: EventStore, llm_spec: str | None) -> int:
+def run_acp(config: dict[str, Any], db: str | None, llm_spec: str | None) -> int:
     """Serve ACP on stdin/stdout until end of input (or SIGINT/SIGTERM)."""
-    try:
-        import acp
+    import acp
 
-        from voice.agent.providers import make_provider, open_provider
-        from voice.runtime import build_runtime, start
+    from voice.app import open_app
 
-        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="voice acp: %(levelname)s %(message)s")
-        spec = llm_spec or config["llm"]["provider"]
-        make_provider(spec, config)  # a bad --llm fails before anything else happens
-        bridge: VoiceAcpAgent | None = None
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="voice acp: %(levelname)s %(message)s")
 
-        async def announce(text: str) -> None:
-            if bridge is not None:
-                await bridge.announce(text)
+    async def main() -> None:
+        async with open_app(config, db=db, llm=llm_spec, notice=lambda text: print(text, file=sys.stderr, flush=True)) as app:
+            bridge = VoiceAcpAgent(app)
+            await app.announcer.attach(bridge.announce)
+            reader, writer = await _protocol_streams()
+            async with anyio.create_task_group() as tg:
 
-        runtime = build_runtime(config, store, announce)
+                async def on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            tg.cancel_scope.cancel()
+                            return
 
-        async def main() -> None:
-            nonlocal bridge
-            provider = await open_provider(spec, config, notice=lambda text: print(text, file=sys.stderr, flush=True))
-            try:
-                await start(runtime)
-                bridge = VoiceAcpAgent(store, provider, runtime, config)
-                reader, writer = await _protocol_streams()
-                async with anyio.create_task_group() as tg:
+                tg.start_soon(on_signal)
+                await acp.run_agent(bridge, writer, reader)  # returns at end of input
+                tg.cancel_scope.cancel()
 
-                    async def on_signal() -> None:
-                        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                            async for _ in signals:
-                                tg.cancel_scope.cancel()
-                                return
-
-                    tg.start_soon(on_signal)
-                    tg.start_soon(runtime.timers.run)
-                    await acp.run_agent(bridge, writer, reader)  # returns at end of input
-                    tg.cancel_scope.cancel()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await provider.aclose()
-
-        anyio.run(main)
-    finally:
-        store.close()
+    anyio.run(main)
     return 0

@@ -20,15 +20,47 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import anyio
 import numpy as np
 
 from voice.audio.device import MIC_RATE, OnMic
 from voice.audio.playback import PlaybackBuffer
-from voice.audio.scenario import EchoPath, Scenario, UserClip
 
-BLOCK = 320  # 20 ms at 16 kHz
+BLOCK = MIC_RATE // 50  # 20 ms
+
+
+@dataclass(frozen=True)
+class UserClip:
+    audio: np.ndarray  # int16 16 kHz
+    name: str
+    when: str  # "at" | "barge_in_after" | "after_reply"
+    seconds: float
+    onset: int  # samples from the clip start to the first loud sample
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / MIC_RATE
+
+
+@dataclass(frozen=True)
+class EchoPath:
+    delay_ms: float = 60.0
+    gain_db: float = -10.0
+    reverb_s: float = 0.0
+    noise_db: float = -90.0
+
+
+class ReplayScript(Protocol):
+    """What the device plays: a scenario (voice.service.scenario) as the audio layer sees it."""
+
+    path: Path
+    users: tuple[UserClip, ...]
+    echo: EchoPath | None
+    tail: float
+    max_duration: float
 
 
 @dataclass
@@ -47,7 +79,7 @@ class PlacedClip:
 
 @dataclass
 class ReplayDevice:
-    scenario: Scenario
+    scenario: ReplayScript
     idle: Callable[[], bool]  # True when the assistant has nothing to do or say
     buffer: PlaybackBuffer = field(default_factory=lambda: PlaybackBuffer(MIC_RATE))
     realtime: bool = False

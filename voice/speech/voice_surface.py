@@ -9,10 +9,17 @@ what had already been handed over will still play, so delivered = handed.
 Units (assistant messages) are keyed by `UnitRef`; a unit that was stopped
 or discarded is no longer current, and audio that arrives for it later is
 dropped and logged as late (`late/output`).
+
+Waiting (`wait_delivered`, `stop`) is driven by the playback buffer's
+notifications (a chunk started or finished, a clear, a pause or resume;
+sent from the audio callback's thread) and by the surface's own changes;
+the only timed wait is for the device's output latency to pass once the
+last sample was handed over, computed from that latency.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -80,8 +87,12 @@ class VoiceSurface:
     on_late: Callable[[str, UnitRef, dict], None] = lambda kind, ref, info: None
     on_notice: Callable[[str], None] = lambda text: None  # the whole notice, for the transcript
     tracks_playback: bool = True
-    poll_s: float = 0.02
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _changed: anyio.Event | None = None  # set (and dropped) at the next change of what plays
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def __post_init__(self) -> None:
+        self.buffer.subscribe(self._buffer_changed)
 
     # -- Surface -----------------------------------------------------------
 
@@ -104,6 +115,7 @@ class VoiceSurface:
         if unit.text[unit.cut :].strip():
             await self._emit(unit, len(unit.text))
         unit.cut = len(unit.text)
+        self._notify()
 
     def discard(self, ref: UnitRef, reason: str) -> None:
         """A failed attempt: what of it is still queued never plays."""
@@ -111,19 +123,22 @@ class VoiceSurface:
         if unit is not None:
             unit.current = False
             self.buffer.request_drop({s.key for s in unit.sentences})
+            self._notify()
 
     def delivered(self, ref: UnitRef) -> Delivered:
         return self._progress(ref)[0]
 
-    def _progress(self, ref: UnitRef) -> tuple[Delivered, bool]:
-        """What was heard of the unit, and whether it is settled (nothing
-        more of it will play: all synthesized and played, or skipped)."""
+    def _progress(self, ref: UnitRef) -> tuple[Delivered, bool, float | None]:
+        """What was heard of the unit; whether it is settled (nothing more
+        of it will play: all synthesized and played, or skipped); and, when
+        it is not, how long until more of it is heard without any change
+        (None: not before something changes)."""
         unit = self._units.get(ref)
         if unit is None:
-            return Delivered(0), True
+            return Delivered(0), True, None
         latency = self.output_latency()
         chars = words = samples = 0
-        settled, unsaid = True, False
+        settled, unsaid, due_s = True, False, None
         for s in unit.sentences:
             audio = unit.audio.get(s.index)
             if audio is None:
@@ -141,19 +156,23 @@ class VoiceSurface:
                     chars = s.char_start + played_words[-1].char_end
             if heard < audio.length:
                 settled = False
+                if self.buffer.handed(s.key) == audio.length and not self.buffer.paused:
+                    due_s = (audio.length - heard) / self.buffer.rate  # in the device, on its way out
                 break
         settled = settled and unit.closed and unit.cut >= len(unit.text.rstrip())
         complete = settled and not unsaid
         if complete:
             chars = len(unit.text)
-        return Delivered(text_chars=chars, words=words, samples=samples, complete=complete), settled
+        return Delivered(text_chars=chars, words=words, samples=samples, complete=complete), settled, due_s
 
     async def wait_delivered(self, ref: UnitRef) -> Delivered:
         while True:
-            delivered, settled = self._progress(ref)
+            changed = self._arm()  # before looking: a change from now on sets it
+            delivered, settled, due_s = self._progress(ref)
             if settled:
                 return delivered
-            await anyio.sleep(self.poll_s)
+            with anyio.move_on_after(due_s if due_s is not None else float("inf")):
+                await changed.wait()
 
     async def stop(self) -> None:
         for unit in self._units.values():
@@ -163,7 +182,7 @@ class VoiceSurface:
         self.buffer.request_clear()
         with anyio.move_on_after(0.5):  # the device performs the clear at its next block
             while len(self.buffer.clears) == done:
-                await anyio.sleep(0.005)
+                await self._arm().wait()
 
     async def notice(self, text: str) -> None:
         """The assistant's own message (a timer, an error): written whole to
@@ -194,6 +213,7 @@ class VoiceSurface:
         # Keep what delivery needs (word timings, length), not the samples:
         # the buffer frees them once played.
         unit.audio[sentence.index] = _Said(audio.words, len(audio.samples), audio.method)
+        self._notify()
         return True
 
     def speaking_text(self) -> str:
@@ -205,6 +225,25 @@ class VoiceSurface:
         return self.buffer.pending()
 
     # -- internals ---------------------------------------------------------
+
+    def _arm(self) -> anyio.Event:
+        """The event the next change sets."""
+        self._loop = asyncio.get_running_loop()
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def _buffer_changed(self) -> None:
+        """From the playback buffer, in the audio callback's thread (live) or
+        the loop's (replay)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._notify)
 
     async def _emit(self, unit: _Unit, end: int) -> None:
         start = unit.cut

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voice.agent.providers.scripted import ScriptedReply, load_script, parse_replies
+from voice.agent.providers.scripted import ScriptedProvider, ScriptedReply, load_script, parse_replies
+from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen"}
@@ -43,32 +44,11 @@ _WHEN = ("at", "barge_in_after", "after_reply")
 
 
 @dataclass(frozen=True)
-class UserClip:
-    audio: np.ndarray  # int16 16 kHz
-    name: str
-    when: str  # "at" | "barge_in_after" | "after_reply"
-    seconds: float
-    onset: int  # samples from the clip start to the first loud sample
-
-    @property
-    def duration(self) -> float:
-        return len(self.audio) / 16000
-
-
-@dataclass(frozen=True)
 class ScenarioTool:
     name: str
     wait_s: float
     result: str
     effect: str = "read"
-
-
-@dataclass(frozen=True)
-class EchoPath:
-    delay_ms: float = 60.0
-    gain_db: float = -10.0
-    reverb_s: float = 0.0
-    noise_db: float = -90.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +65,10 @@ class Scenario:
     echo_cancellation: bool | None = None  # None: the config decides
     listen_mode: str = "open"  # scenarios listen to everything unless they ask for the wake word
     window_s: float | None = None
+
+    def scripted_provider(self) -> ScriptedProvider | None:
+        """The scenario's own model (its [[reply]] list or scripted file), if it has one."""
+        return ScriptedProvider(list(self.replies), name=self.path.name) if self.replies is not None else None
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:

@@ -1,0 +1,165 @@
+"""The one assembly every entry point starts from: `open_app`.
+
+`voice chat`, `voice run`, `voice replay` and `voice acp` differ only in
+the surface they put in front of the assistant (a terminal, a voice
+session, an ACP client). Everything behind it is built here, once:
+
+- the event log, opened (and closed on exit);
+- the language-model provider, opened and checked (a server that does not
+  answer is a UsageError, or with `llm = "auto"` the built-in skills), and
+  closed on exit;
+- start-up recovery of the log (I10: unfinished turns are closed,
+  unknown writes reconciled, nothing re-executed);
+- the tools with their environment, and the timer service, which runs
+  inside the `async with` and announces through the announcer;
+- the announcer: where the assistant's own messages go (a timer that rings,
+  a notice). A surface attaches itself once it exists; what is announced
+  before that waits for it.
+
+Invariant: nothing an entry point builds outlives the `async with`: the
+timer task lives in the app's task group, the provider and the log are
+closed on the way out, also when the body fails or is cancelled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
+from voice.agent.providers import Provider, open_provider
+from voice.agent.recovery import recover
+from voice.agent.surface import Surface
+from voice.agent.tools import ToolRegistry, default_tools
+from voice.agent.tools.timers import TimerService
+from voice.errors import UsageError
+from voice.log.store import EventStore
+from voice.paths import data_dir as default_data_dir
+from voice.paths import default_db
+
+Say = Callable[[str], Awaitable[None]]
+
+
+def loop_settings(config: dict[str, Any]) -> LoopSettings:
+    llm = config["llm"]
+    return LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
+                        retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"])
+
+
+def command_environment(config: dict[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment of commands the assistant runs: only the variables
+    named in `tools.command_env` that are set here (least privilege: no API
+    key or token of the daemon's reaches a command, its output or the log)."""
+    names = config["tools"]["command_env"]
+    bad = [n for n in names if not (isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n))]
+    if bad:
+        raise UsageError(f"config: tools.command_env = {names!r} must list environment variable names "
+                         f"(not {bad[0]!r})")
+    return {n: environ[n] for n in names if n in environ}
+
+
+def open_store(config: dict[str, Any], db: str | Path | None = None) -> EventStore:
+    """The event log at `db`, else the config's, else the XDG default; a log
+    that cannot be opened is one line naming the file and the fix."""
+    path = Path(db or config["paths"]["db"] or default_db())
+    try:
+        return EventStore(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+@dataclass
+class Announcer:
+    """Where the assistant's own messages go (timers, notices). Until a
+    surface attaches, they wait (at most `keep`, oldest dropped): a timer
+    that came due while the service was down is announced once the voice is
+    up, not lost."""
+
+    keep: int = 16
+    _target: Say | None = None
+    _waiting: deque[str] = field(default_factory=deque)
+
+    async def attach(self, target: Say) -> None:
+        self._target = target
+        while self._waiting:
+            await target(self._waiting.popleft())
+
+    def detach(self) -> None:
+        self._target = None
+
+    async def __call__(self, text: str) -> None:
+        if self._target is None:
+            self._waiting.append(text)
+            while len(self._waiting) > self.keep:
+                self._waiting.popleft()
+            return
+        await self._target(text)
+
+
+@dataclass
+class App:
+    """What every surface starts with. Built by `open_app` only."""
+
+    config: dict[str, Any]
+    store: EventStore
+    provider: Provider
+    tools: ToolRegistry
+    tool_env: ToolEnv
+    timers: TimerService
+    announcer: Announcer
+    settings: LoopSettings
+
+    def agent(self, surface: Surface, conversation: str, tools: ToolRegistry | None = None) -> AgentLoop:
+        """An agent loop on this app's log, provider and tools, answering
+        through `surface` in `conversation`."""
+        return AgentLoop(self.store, self.provider, surface, conversation, tools or self.tools, self.settings,
+                         self.tool_env)
+
+
+@asynccontextmanager
+async def open_app(config: dict[str, Any], *, db: str | Path | None = None, store: EventStore | None = None,
+                   llm: str | Provider | None = None, notice: Callable[[str], None] = lambda text: None,
+                   data_dir: Path | None = None, recovery: bool = True) -> AsyncIterator[App]:
+    """Open the assistant behind any surface (see the module docstring).
+
+    `db` names the log (or `store` is one already opened: the app closes it
+    too); `llm` is a provider spec ("auto", "openai", a URL, "scripted:FILE";
+    default: the config's) or a provider already built (the app closes it);
+    `notice` hears how the provider was chosen (e.g. the skills fallback);
+    `data_dir` is where notes go (default: the XDG data folder)."""
+    spec = llm if llm is not None else config["llm"]["provider"]
+    # The provider first: a bad --llm fails before anything else is opened.
+    provider = await open_provider(spec, config, notice=notice) if isinstance(spec, str) else spec
+    app: App | None = None
+    try:
+        store = store if store is not None else open_store(config, db)
+        try:
+            commands = dict(config["tools"]["commands"])
+            announcer = Announcer()
+            timers = TimerService(store, announcer)
+            env = ToolEnv(data_dir=data_dir or default_data_dir(), commands=commands,
+                          kill_after_s=config["tools"]["kill_after_s"], services={"timers": timers},
+                          command_env=command_environment(config))
+            app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config))
+            if recovery:
+                report = await recover(store, app.tools, env)
+                if report.closed_turns or report.unknown_writes:
+                    print(f"recovered: {report.summary()}", file=sys.stderr, flush=True)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(timers.run)
+                yield app
+                tg.cancel_scope.cancel()
+        finally:
+            store.close()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await (app.provider if app is not None else provider).aclose()

@@ -1,0 +1,124 @@
+"""Wiring a voice session: VAD, wake word, processors, surface, agent,
+barge-in control and the turn runner, around one device and the app
+(voice.app.App: log, provider, tools, announcer).
+
+Entry points call `build_voice_session` and then `session.run()`; nothing
+here starts a task or opens a device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADParams
+
+from voice.audio.device import MIC_RATE, AudioDevice
+from voice.speech.barge_in import BargeInController
+from voice.speech.judge import BargeInJudge
+from voice.speech.pipeline import (
+    ConverseProcessor,
+    ListenProcessor,
+    PlayProcessor,
+    SpeakProcessor,
+    TranscribeProcessor,
+)
+from voice.speech.session import SessionParts, VoiceSession, interruption
+from voice.speech.settings import VadSettings, VoiceSettings
+from voice.speech.stt import SttEngine
+from voice.speech.tts import TtsEngine
+from voice.speech.turns import TurnRunner
+from voice.speech.voice_surface import VoiceSurface
+
+
+@dataclass
+class SpeechModels:
+    """The loaded models a session speaks and listens with."""
+
+    stt: SttEngine
+    tts: TtsEngine
+    echo: Any = None  # an EchoCanceller (voice.audio.echo), or None: no echo cancellation
+
+
+def vad_analyzer(vad: VadSettings) -> SileroVADAnalyzer:
+    analyzer = SileroVADAnalyzer(sample_rate=MIC_RATE, params=VADParams(
+        confidence=vad.confidence, start_secs=vad.start_secs, stop_secs=vad.stop_secs, min_volume=vad.min_volume))
+    analyzer.set_sample_rate(MIC_RATE)
+    return analyzer
+
+
+def listen_gate(settings: VoiceSettings):
+    """(wake word detector, listen gate) for the settings' listen mode."""
+    if settings.listen is None:
+        return None, None
+    from voice.audio.listening import ListenGate
+
+    gate = ListenGate(settings.listen.mode, settings.listen.window_s)
+    if settings.listen.mode != "wake":
+        return None, gate
+    from voice.audio.wakeword import WakeWordDetector
+
+    return WakeWordDetector(settings.listen.wake_word), gate
+
+
+def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, settings: VoiceSettings, *,
+                        conversation: str, transcript: Callable[[str], None] = lambda line: print(line, flush=True),
+                        aside: Callable[[str], None] | None = None) -> VoiceSession:
+    """A session on `device`, answering in `conversation` with the app's
+    provider and tools; `transcript` gets the lines a person reads, `aside`
+    (with -v) what was heard and not acted on."""
+    session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
+                           echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside)
+    wake, gate = listen_gate(settings)
+    listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
+                             gate=gate)
+    converse = ConverseProcessor(session)
+    surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
+                           on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"))
+    agent = app.agent(surface, conversation)
+    turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside)
+    barge_in = BargeInController(
+        BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
+        log=session.log_speech, stop_phrases=settings.barge_in.stop_phrases,
+        interrupt_pipeline=interruption(listen), on_cut=turns.mark_cut, ignored=session.ignored)
+    session.wire(SessionParts(
+        listen=listen, transcribe=TranscribeProcessor(models.stt), converse=converse,
+        speak=SpeakProcessor(models.tts, surface, session), play=PlayProcessor(surface),
+        surface=surface, agent=agent, barge_in=barge_in, turns=turns))
+    return session
+
+
+def load_models(config: dict[str, Any], out_rate: int, *, stt_model: str | None = None,
+                echo_cancellation: bool, echo_required: bool) -> SpeechModels:
+    """Load the speech models (blocking, seconds; progress on stderr). A
+    missing model package is a UsageError naming the package. Without the
+    echo canceller the service still runs (saying so: laptop speakers will
+    cut replies short) unless `echo_required`."""
+    import sys
+
+    from voice.errors import UsageError
+    from voice.speech.models import ModelMissing, load_with_progress
+    from voice.speech.stt import WhisperEngine
+    from voice.speech.tts import PiperEngine
+
+    model = stt_model or config["stt"]["model"]
+    try:
+        stt = load_with_progress(f"speech recognition (whisper {model})",
+                                 lambda: WhisperEngine(model, config["stt"]["threads"]))
+        tts = load_with_progress("speech synthesis (piper en_US-joe-medium)",
+                                 lambda: PiperEngine(out_rate, alignments=config["tts"]["alignments"]))
+    except (ModelMissing, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    echo = None
+    if echo_cancellation:
+        from voice.audio.echo import EchoCanceller, EchoUnavailable
+
+        try:
+            echo = EchoCanceller()
+        except EchoUnavailable as exc:
+            if echo_required:
+                raise UsageError(str(exc)) from None
+            print(f"voice: warning: {exc}; use a headset", file=sys.stderr, flush=True)
+    return SpeechModels(stt, tts, echo)

@@ -1,0 +1,55 @@
+"""The voice session's settings, read once from the (already checked)
+config: how the VAD listens, how a barge-in is judged, how utterances are
+addressed to the assistant, and how long a shutdown may take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from voice.speech.judge import STOP_PHRASES
+
+
+@dataclass(frozen=True)
+class VadSettings:
+    confidence: float = 0.7
+    start_secs: float = 0.05
+    stop_secs: float = 0.6
+    min_volume: float = 0.4
+
+
+@dataclass(frozen=True)
+class BargeInSettings:
+    confirm_ms: float = 500.0
+    resume_ms: float = 2000.0
+    stop_phrases: tuple[str, ...] = STOP_PHRASES
+
+
+@dataclass(frozen=True)
+class ListenSettings:
+    mode: str = "wake"  # "wake": a wake word (or the conversation window) first; "open": everything
+    wake_word: str = "okay_nabu"
+    window_s: float = 8.0
+
+
+@dataclass(frozen=True)
+class VoiceSettings:
+    vad: VadSettings = field(default_factory=VadSettings)
+    barge_in: BargeInSettings = field(default_factory=BargeInSettings)
+    listen: ListenSettings | None = None  # None: open, with no gate at all
+    shutdown_s: float = 5.0
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], *, listen_mode: str | None = None,
+                    window_s: float | None = None) -> VoiceSettings:
+        """`listen_mode`/`window_s` override the config's (a replayed
+        scenario says how it listens)."""
+        listen = config["listen"]
+        barge_in = dict(config["barge_in"])
+        barge_in["stop_phrases"] = tuple(barge_in["stop_phrases"])
+        return cls(
+            vad=VadSettings(**config["vad"]),
+            barge_in=BargeInSettings(**barge_in),
+            listen=ListenSettings(listen_mode or listen["mode"], listen["wake_word"], window_s or listen["window_s"]),
+            shutdown_s=config["service"]["shutdown_s"],
+        )

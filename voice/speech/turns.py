@@ -1,0 +1,164 @@
+"""The turn runner: requests, spoken or typed, answered one at a time.
+
+Utterances that ask for something, typed turns (`voice ctl say`) and the
+person's stops all go through one queue, so the transcript is written in
+the order things happened: `you: …` as a request's turn starts (after the
+`assistant: … [stopped]` line of the reply it cut), `assistant: …` as a
+turn ends however it ends. A stop is written down (`user/stop`) in its
+place in that order and opens no turn.
+
+`close()` ends the queue: nothing queued after it starts a turn, and a
+request submitted after it is refused (`anyio.ClosedResourceError`, or
+`anyio.BrokenResourceError` once the runner has returned). The
+session closes it at shutdown, before it cancels the running turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from voice.agent.loop import AgentLoop, TurnResult
+from voice.audio.playback import PlaybackBuffer
+from voice.log import events as ev
+from voice.log.projections import turn_reply
+from voice.log.store import EventStore
+
+
+@dataclass
+class Request:
+    """An utterance (or typed text) waiting for its turn, or (`stop` set) a
+    stop the person said, waiting only to be written down in order."""
+
+    text: str
+    source: str
+    start: int  # mic sample positions of the utterance (typed: where the mic stood)
+    end: int
+    stt_s: float
+    # Why it is no request: "stop" (a stop intent); "backchannel" or "sound" (no
+    # words, or too unsure to be words) when it had cut the reply by its length.
+    stop: str | None = None
+    stopped_turn: int | None = None
+    done: anyio.Event | None = None  # set once its turn has ended (typed turns wait on it)
+    result: TurnResult | None = None
+
+
+@dataclass
+class TurnInfo:
+    """What the session knows of one turn beyond the log: where its
+    utterance lay on the mic clock, and when a barge-in stopped it."""
+
+    turn: int
+    user_text: str
+    utterance_start: int  # mic samples
+    utterance_end: int
+    stt_s: float
+    text_ready_at: float  # loop time when the transcript reached the runtime
+    barge_in_onset: int | None = None  # VAD onset of the speech that stopped it
+    clear_position: int | None = None  # device position where the output paused or cleared after that onset
+
+
+class TurnRunner:
+    def __init__(self, agent: AgentLoop, store: EventStore, buffer: PlaybackBuffer, *,
+                 transcript: Callable[[str], None], aside: Callable[[str], None] | None = None, queue: int = 16):
+        self.agent = agent
+        self.store = store
+        self.buffer = buffer
+        self.transcript = transcript
+        self.aside = aside
+        self.turns: list[TurnInfo] = []
+        self.waiting = 0  # requests submitted whose turn has not ended
+        self._send, self._receive = anyio.create_memory_object_stream[Request](queue)
+        self._running: TurnInfo | None = None
+        self._closed = False
+
+    @property
+    def conversation(self) -> str:
+        return self.agent.conversation
+
+    async def submit(self, request: Request) -> None:
+        """Queue a request (waits while the queue is full). Raises
+        anyio.ClosedResourceError once the runner is closed."""
+        self.waiting += 1
+        try:
+            await self._send.send(request)
+        except BaseException:
+            self.waiting -= 1
+            raise
+
+    async def say(self, text: str, source: str, position: int) -> TurnResult:
+        """A typed turn, answered like a spoken one; returns its result."""
+        request = Request(text, source, position, position, 0.0, done=anyio.Event())
+        await self.submit(request)
+        await request.done.wait()
+        if request.result is None:
+            raise anyio.ClosedResourceError("the assistant stopped before this turn ran")
+        return request.result
+
+    def mark_cut(self, onset: int) -> None:
+        """The running turn was cut by speech that began at `onset`."""
+        if self._running is not None:
+            self._running.barge_in_onset = onset
+
+    def close(self) -> None:
+        self._closed = True
+        self._send.close()
+
+    async def run(self) -> None:
+        """Answer requests until closed (or cancelled: a turn then closes
+        `interrupted`, with its heard prefix recorded, and is printed)."""
+        async with self._receive:
+            async for request in self._receive:
+                try:
+                    if not self._closed:  # once closed, what is still queued never starts
+                        await self._handle(request)
+                finally:
+                    self.waiting -= 1
+                    if request.done is not None:
+                        request.done.set()
+
+    async def _handle(self, request: Request) -> None:
+        if request.stop != "sound":
+            self.transcript(f"you: {request.text}")
+        if request.stop is not None:
+            self._record_stop(request)
+            if self.aside is not None:
+                what = {"stop": "a stop", "backchannel": "a backchannel"}.get(request.stop, "a sound")
+                self.aside(f"({what}: not a request, so nothing more is said)")
+            return
+        info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
+        self.turns.append(info)
+        self._running = info
+        before = self.store.last_seq()
+        try:
+            request.result = await self.agent.run_turn(request.text, source=request.source)
+        except anyio.get_cancelled_exc_class():  # shutdown: the turn closed `interrupted`
+            started = self.store.events(self.conversation, types={ev.TURN_START}, after_seq=before)
+            if started:
+                self._print_reply(started[0].turn)
+            raise
+        finally:
+            self._running = None
+        info.turn = request.result.turn
+        if info.barge_in_onset is not None:  # the acknowledgement: output paused (or cleared) after the onset
+            marks = sorted(self.buffer.pauses + self.buffer.clears)
+            info.clear_position = next((c for c in marks if c >= info.barge_in_onset), None)
+        self._print_reply(info.turn)
+
+    def _print_reply(self, turn: int) -> None:
+        """`assistant: …` with `[stopped]` when the reply ended early, however it ended."""
+        reply = turn_reply(self.store, self.conversation, turn)
+        stopped = reply.interrupted or reply.outcome in (ev.ABORTED, ev.INTERRUPTED)
+        if reply.delivered_text or stopped:
+            self.transcript(" ".join(p for p in ("assistant:", reply.delivered_text, "[stopped]" if stopped else "")
+                                     if p))
+
+    def _record_stop(self, request: Request) -> None:
+        """The person's stop: a record of what they said, in no turn of its
+        own (it is not a request), filed under the turn it stopped."""
+        self.store.append(self.conversation, ev.USER_STOP,
+                          {"content": request.text, "source": request.source, "intent": request.stop,
+                           "stopped_turn": request.stopped_turn}, turn=request.stopped_turn)
