@@ -1,4 +1,4 @@
-"""The agent loop's cancellation semantics on the text surface (DESIGN §4-§5):
+"""The agent loop's cancellation semantics on the text surface (docs/ARCHITECTURE.md: the cancellation protocol, I1-I6):
 what is recorded when the person stops a turn in each phase."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """run_process: output and exit status, and termination that reaches every
-wait (DESIGN.md §4): a child that ignores SIGTERM, a grandchild that outlives
+wait (docs/ARCHITECTURE.md, "The cancellation protocol"): a child that ignores SIGTERM, a grandchild that outlives
 its parent, one that left the session with `setsid`, a blocked stdin write and
 a timeout are all gone within kill_after_s + 1 s. Run with -s to see the
 measured termination times."""

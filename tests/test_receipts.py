@@ -1,4 +1,4 @@
-"""Tools that act (DESIGN §4-§5, I4 I7 I8 I9 I10): receipts, completion
+"""Tools that act (docs/ARCHITECTURE.md: I4 I7 I8 I9 I10): receipts, completion
 text held until a receipt confirms it, no automatic repeat of an unknown
 write, timers from the log, and recovery after a crash."""
 

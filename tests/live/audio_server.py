@@ -3,8 +3,7 @@ pipewire-pulse and wireplumber on a private session bus) with a virtual
 speaker and a virtual microphone, so the real sounddevice path can run on a
 machine with no sound card.
 
-The recipe is `../shared/tools/virtual-audio.sh`, carried over into Python
-so the tests do not depend on that file at run time:
+The recipe (what PipeWire needs to run headless):
 
 - the default sink is `speaker` (mono); what the assistant plays is recorded
   from `speaker.monitor`;

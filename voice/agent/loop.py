@@ -1,6 +1,6 @@
 """The agent loop: turn -> steps -> provider request -> stream -> tools.
 
-Cancellation (DESIGN §4): a turn owns a cancel scope; `cancel()` is
+Cancellation (docs/ARCHITECTURE.md, "The cancellation protocol"): a turn owns a cancel scope; `cancel()` is
 `scope.cancel()`, so the decision is seen at every await of the turn (the
 provider stream, a tool, a retry back-off, waiting for playback). What the
 turn leaves behind is then recorded shielded, under a deadline:
@@ -96,7 +96,7 @@ class TurnResult:
 
 def call_id(ref: UnitRef, index: int) -> str:
     """Our id for the `index`-th tool call of a committed message: unique in
-    the log for its whole life, because the turn id is (DESIGN §9), whatever
+    the log for its whole life, because the turn id is (docs/ARCHITECTURE.md), whatever
     ids the provider sends ("call_0" in every request, "skill_1" in every
     process, none at all). Letters, digits and "_" only: providers accept it
     when history goes back to them."""

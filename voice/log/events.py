@@ -1,4 +1,4 @@
-"""The event vocabulary of the durable log (DESIGN §3). Imports nothing of ours.
+"""The event vocabulary of the durable log (docs/ARCHITECTURE.md, "The log"). Imports nothing of ours.
 
 Every row of the log is one `Event`. The three *surface* types are the only
 ones model history is derived from; `speech/played` amends an assistant

@@ -1,4 +1,4 @@
-"""Run an external program so that "stop" reaches it (DESIGN.md §4).
+"""Run an external program so that "stop" reaches it (docs/ARCHITECTURE.md, "The cancellation protocol").
 
 `run_process` starts the program in its own process group and session (never
 through a shell). If the awaiting task is cancelled, or `timeout_s` passes, at

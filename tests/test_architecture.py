@@ -1,0 +1,69 @@
+"""The package map of docs/ARCHITECTURE.md holds: imports point one way
+(service and cli on top; speech over audio, agent and log; agent over log;
+log and audio import nothing else of ours), and the repository stands
+alone (nothing points at a file outside it)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAVES = {"config", "config_schema", "errors", "paths", "logs"}
+ALLOWED = {  # layer -> the layers of ours it may import (besides itself and the leaves)
+    "log": set(),
+    "audio": set(),
+    "agent": {"log"},
+    "speech": {"audio", "agent", "log"},
+    "surfaces": {"agent"},
+    "show": {"log", "audio"},
+    "app": {"agent", "log"},
+    "service": {"app", "speech", "surfaces", "agent", "audio", "log", "show", "voice"},
+    "cli": {"app", "service", "speech", "surfaces", "agent", "audio", "log", "show"},
+    "__main__": {"cli"},
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "voice"
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "voice"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "voice":
+            found.add(node.module)
+    return found
+
+
+def test_imports_point_one_way():
+    wrong = []
+    for path in sorted((ROOT / "voice").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        layer = _layer(module)
+        if layer in LEAVES or layer == "voice":
+            continue
+        for imported in _imports(path):
+            target = _layer(imported)
+            if target == layer or target in LEAVES:
+                continue
+            if target not in ALLOWED.get(layer, set()):
+                wrong.append(f"{module} imports {imported} ({layer} -> {target})")
+    assert not wrong, "imports against the package map (docs/ARCHITECTURE.md):\n" + "\n".join(wrong)
+
+
+def test_the_event_vocabulary_imports_nothing_of_ours():
+    assert not _imports(ROOT / "voice" / "log" / "events.py")
+
+
+def test_nothing_points_outside_the_repository():
+    """A clone has no ../shared: every file the project needs is in it."""
+    outside = ["../" + "shared", "shared/" + "DESIGN", "shared/" + "tools"]  # (not spelled out: this file is searched too)
+    out = subprocess.run(["git", "grep", "-n", "-I", *(a for p in outside for a in ("-e", p)), "--", ".", ":!.ci"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr  # 1: nothing found
+    assert out.stdout == "", "these lines point outside the repository:\n" + out.stdout
