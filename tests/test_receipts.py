@@ -192,6 +192,40 @@ async def test_a_repeat_of_an_unknown_write_is_blocked(store, tmp_path):
     assert [e.state for e in effects(store, "c-test")] == [ev.UNKNOWN]
 
 
+async def test_a_stop_while_an_earlier_unknown_write_is_looked_up_leaves_no_call_without_a_result(store, tmp_path):
+    # A repeat of an unknown write first asks reconcile() what became of the
+    # earlier one. A stop during that look used to leave the call with no
+    # result at all (no longer pending, never dispatched): every later
+    # request then carried a tool call without its answer.
+    looking = anyio.Event()
+
+    async def never_answers(args, ctx):
+        await anyio.sleep(10)
+
+    async def slow_look(args, dispatch, ctx):
+        looking.set()
+        await anyio.sleep(10)
+        return Receipt("unknown")
+
+    tool = Tool("transfer", "moves money", {"type": "object"}, "write", never_answers, timeout_s=0.05,
+                reconcile=slow_look)
+    call = {"name": "transfer", "arguments": {"amount": 5}}
+    provider = scripted({"chunk_delay_ms": 1, "tool_calls": [call]},
+                        {"chunk_delay_ms": 1, "text": "It may or may not have happened."},
+                        {"chunk_delay_ms": 1, "tool_calls": [call]})
+    agent, _ = agent_with(store, provider, tmp_path, tool)
+    await agent.run_turn("send five")
+    result = await run_and_cancel_when(agent, "try again", looking.is_set)
+    assert result.outcome == ev.ABORTED
+    (called,) = [e.payload["tool_call_id"] for e in store.events("c-test", turn=result.turn) if e.type == ev.TOOL_CALL]
+    results = [(e.payload["tool_call_id"], e.payload["status"])
+               for e in store.events("c-test", turn=result.turn) if e.type == ev.TOOL_RESULT]
+    assert results == [(called, ev.ABORTED_BEFORE_DISPATCH)]
+    history = derive_messages(store, "c-test")
+    answered = {m["tool_call_id"] for m in history if m["role"] == "tool"}
+    assert all(c["id"] in answered for m in history for c in m.get("tool_calls", []))
+
+
 async def test_a_model_repeating_a_confirmed_write_in_the_same_turn_is_blocked(store, tmp_path):
     call = {"name": "add_note", "arguments": {"text": "buy milk"}}
     provider = scripted({"chunk_delay_ms": 1, "tool_calls": [call, call, call]})
