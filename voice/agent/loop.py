@@ -139,6 +139,7 @@ class AgentLoop:
         self.settings = settings or LoopSettings()
         self.tool_env = tool_env or ToolEnv()
         self._scope: anyio.CancelScope | None = None
+        self._turn_over: anyio.Event | None = None  # set as the running turn's scope closes
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
@@ -164,6 +165,13 @@ class AgentLoop:
     def busy(self) -> bool:
         return self._scope is not None
 
+    async def wait_idle(self) -> None:
+        """Return once no turn runs: at once when none does, else when the
+        running one has ended, its stop recorded (after `cancel()`, the
+        shutdown waits here). Cancellable like any wait."""
+        while self._turn_over is not None:
+            await self._turn_over.wait()
+
     async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
@@ -176,7 +184,7 @@ class AgentLoop:
         self.current_turn = turn
         outcome = ev.ABORTED
         with anyio.CancelScope() as scope:
-            self._scope = scope
+            self._scope, self._turn_over = scope, anyio.Event()
             try:
                 outcome = await self._run_steps(state)
             except anyio.get_cancelled_exc_class():
@@ -185,9 +193,11 @@ class AgentLoop:
                     await self._record_cancel(state, outcome)
                 raise
             finally:
+                over, self._turn_over = self._turn_over, None
                 self._scope = None
                 self._state = None
                 self.current_turn = None
+                over.set()
         return TurnResult(turn, outcome)
 
     # -- steps -------------------------------------------------------------
