@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, field, fields
-from functools import cached_property
 from typing import Any, ClassVar, Final, Self
 
 # -- payload values that are plain JSON ---------------------------------------
@@ -74,21 +73,41 @@ class Body:
 
     def payload(self) -> dict[str, Any]:
         out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.metadata.get(_OPTIONAL) and (value is None or value is False):
+        for name, optional_ in _shape(type(self)).fields:
+            value = getattr(self, name)
+            if optional_ and (value is None or value is False):
                 continue
-            out[f.name] = value
+            out[name] = value
         return out
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Self:
-        known = {f.name: f for f in fields(cls)}
-        missing = [n for n, f in known.items()
-                   if n not in payload and f.default is MISSING and f.default_factory is MISSING]
-        if missing:
-            raise ValueError(f"a {cls.TYPE} payload lacks {', '.join(missing)}: {payload}")
-        return cls(**{k: v for k, v in payload.items() if k in known})
+        shape = _shape(cls)
+        if not shape.required.issubset(payload):
+            missing = ", ".join(n for n, _ in shape.fields if n in shape.required and n not in payload)
+            raise ValueError(f"a {cls.TYPE} payload lacks {missing}: {payload}")
+        return cls(**{k: v for k, v in payload.items() if k in shape.names})
+
+
+@dataclass(frozen=True)
+class _Shape:
+    fields: tuple[tuple[str, bool], ...]  # (name, optional) in order
+    names: frozenset[str]
+    required: frozenset[str]  # no default: a payload without it is refused
+
+
+_SHAPES: dict[type[Body], _Shape] = {}
+
+
+def _shape(cls: type[Body]) -> _Shape:
+    """A body's fields, looked up once (every row read back passes here)."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        all_ = fields(cls)
+        shape = _SHAPES[cls] = _Shape(
+            tuple((f.name, bool(f.metadata.get(_OPTIONAL))) for f in all_), frozenset(f.name for f in all_),
+            frozenset(f.name for f in all_ if f.default is MISSING and f.default_factory is MISSING))
+    return shape
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -510,10 +529,13 @@ class Event:
     at_mono: float
     at_wall: float
 
-    @cached_property
+    @property
     def body(self) -> Body:
-        """The payload, typed (see `parse`)."""
-        return parse(self)
+        """The payload, typed (see `parse`); parsed once per row."""
+        body = self.__dict__.get("_body")
+        if body is None:
+            body = self.__dict__["_body"] = parse(self)
+        return body
 
     def to_json(self) -> dict[str, Any]:
         return {

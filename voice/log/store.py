@@ -199,7 +199,7 @@ class EventStore:
         if BODIES.get(body.TYPE) is not type(body):
             raise ValueError(f"not an event body: {body!r}")
         event = self._insert(conversation, body.TYPE, body.payload(), turn, step, attempt)
-        event.__dict__["body"] = body  # (what `Event.body` would parse back)
+        event.__dict__["_body"] = body  # (what `Event.body` would parse back)
         self.feed.publish(event)
         return event
 
