@@ -336,7 +336,7 @@ class AgentLoop:
             self._record(state, ev.ToolDispatched(tool_call_id=call.id, name=call.name, effect=tool.effect,
                                                   arguments=args))
             dispatched = True
-            result, known = await self._dispatch(state, call, tool, args, ctx)
+            known, result = await self._dispatch(state, call, tool, args, ctx)
             return known, result
         except anyio.get_cancelled_exc_class():
             if not dispatched:  # (stopped while an earlier write was being looked up)
@@ -350,24 +350,24 @@ class AgentLoop:
                 self._record(state, result)
 
     async def _dispatch(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
-                        ctx: ToolContext) -> tuple[ev.ToolResult, str]:
-        """Run a dispatched call; records a write's receipt. Returns its
-        result and what is known of its effect ("" for a read)."""
+                        ctx: ToolContext) -> tuple[str, ev.ToolResult]:
+        """Run a dispatched call; records a write's receipt. Returns what is
+        known of its effect ("" for a read) and its result."""
         write = tool.effect == "write"
         try:
             with anyio.fail_after(tool.timeout_s):
                 out = await tool.run(args, ctx)
         except ToolError as exc:  # refused before any effect
             self._receipt(state, call, ev.FAILED, {"refused": str(exc)}, write)
-            return ev.ToolResult.failed(call.id, call.name, str(exc)), (ev.FAILED if write else "")
+            return (ev.FAILED if write else ""), ev.ToolResult.failed(call.id, call.name, str(exc))
         except TimeoutError:
             self._receipt(state, call, ev.UNKNOWN, {"timeout_s": tool.timeout_s}, write)
-            return (ev.ToolResult.failed(call.id, call.name, f"timed out after {tool.timeout_s} s",
-                                         ev.UNKNOWN if write else None), ev.UNKNOWN if write else "")
+            unknown = ev.UNKNOWN if write else None
+            return unknown or "", ev.ToolResult.failed(call.id, call.name, f"timed out after {tool.timeout_s} s", unknown)
         except Exception as exc:  # a tool bug must not end the conversation; the model sees the error
             self._receipt(state, call, ev.UNKNOWN, {"error": repr(exc)}, write)
-            return (ev.ToolResult.failed(call.id, call.name, f"the tool failed: {exc}", ev.UNKNOWN if write else None),
-                    ev.UNKNOWN if write else "")
+            unknown = ev.UNKNOWN if write else None
+            return unknown or "", ev.ToolResult.failed(call.id, call.name, f"the tool failed: {exc}", unknown)
         outcome = out if isinstance(out, ToolOutcome) else ToolOutcome(out)
         receipt = outcome.receipt
         if write and receipt is None:
@@ -375,7 +375,7 @@ class AgentLoop:
         if write:
             self._receipt(state, call, receipt.state, receipt.evidence, True)
         known = receipt.state if receipt else None
-        return ev.ToolResult.ok(call.id, call.name, outcome.content, known, outcome.phrase), known or ""
+        return known or "", ev.ToolResult.ok(call.id, call.name, outcome.content, known, outcome.phrase)
 
     def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
         if write:
