@@ -66,19 +66,40 @@ def test_a_recorded_body_reads_back_equal(tmp_path, body):
     assert row.body == body == ev.parse(row)
 
 
-def test_keys_without_a_value_are_not_written():
-    # Rows keep the keys they always had: a finished message has no
-    # "interrupted", a call never run has no content, receipt or phrase.
-    message = ev.AssistantMessage(message_id="1.0.0", content=[], finish_reason="stop", stream=[], tool_calls=[])
-    assert set(message.payload()) == {"message_id", "content", "finish_reason", "stream", "tool_calls"}
+def test_rows_keep_the_keys_their_writers_gave():
+    # Each kind of row keeps exactly the keys it always had: a finished
+    # message has no "interrupted", a stopped one a null finish reason, text
+    # released after a receipt no finish reason at all; a read's result a
+    # null receipt, a call never run no receipt key.
+    message = ev.AssistantMessage(message_id="1.0.0", content=[], route={}, finish_reason="stop", stream=[],
+                                  tool_calls=[])
+    assert set(message.payload()) == {"message_id", "content", "route", "finish_reason", "stream", "tool_calls"}
+    stopped = ev.AssistantMessage(message_id="1.0.0", content=[], route={}, finish_reason=None, stream=[],
+                                  interrupted=True, surfaceOp="append")
+    assert stopped.payload()["finish_reason"] is None and stopped.payload()["interrupted"] is True
+    released = ev.AssistantMessage(message_id="1.0.0.1", content=[], origin="tool", receipts=["confirmed"])
+    assert set(released.payload()) == {"message_id", "content", "origin", "receipts"}
+    assert released.finish_reason is None and released.interrupted is False  # read as absent
+    assert ev.ToolResult.ok("c", "get_time", {}, None, None).payload() == {
+        "tool_call_id": "c", "name": "get_time", "status": "ok", "content": {}, "receipt": None, "phrase": None}
     assert ev.ToolResult.not_dispatched("call_1", "add_note").payload() == {
         "tool_call_id": "call_1", "name": "add_note", "status": ev.ABORTED_BEFORE_DISPATCH,
         "error": "the turn was stopped before this call ran"}
     assert ev.AssistantStream.end_stopped().payload() == {"frame": "end", "aborted": True}
     assert ev.TurnEnd(outcome=ev.COMPLETED).payload() == {"outcome": ev.COMPLETED}
-    # a plain field is written even when it holds null
+    # a plain field is always written
     assert ev.ToolCalled(tool_call_id="c", name="n").payload() == {
         "tool_call_id": "c", "name": "n", "arguments": "", "provider_id": None}
+
+
+@pytest.mark.parametrize("payload", [
+    {"frame": "end", "finish_reason": None},
+    {"frame": "end", "aborted": True, "reason": "crashed"},
+    {"frame": "start", "route": {"provider": "p"}},
+])
+def test_a_row_read_back_writes_the_same_keys(payload):
+    row = ev.Event(1, "c-a", 1, 0, 0, ev.ASSISTANT_STREAM, payload, 0.0, 0.0)
+    assert row.body.payload() == payload
 
 
 def test_rows_of_earlier_versions_read(store):

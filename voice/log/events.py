@@ -8,9 +8,12 @@ readers get them back with `event.body` (`parse(event)`), tolerant of rows
 that earlier versions wrote: a key such a row lacks reads as the field's
 default, a key no field names is ignored.
 
-A field made with `optional()` is written only while it holds a value (not
-None, not False), so each kind of row keeps the keys it always had. Where a
-meaning has fixed words (a call the turn never ran, a result recovery
+A field made with `optional()` is written only when its writer gives it
+(null included): a body knows which of those it was given, so each kind of
+row keeps exactly the keys it always had (an interrupted message's
+`finish_reason: null`, no `finish_reason` at all on text released after a
+receipt). Read back, an absent one holds its default. Where a meaning has
+fixed words (a call the turn never ran, a result recovery
 closed), the body has one constructor for it, used by every writer.
 
 The three *surface* types are the only ones model history is derived from;
@@ -35,10 +38,19 @@ OpenAIToolCall = dict[str, Any]  # {"id", "type": "function", "function": {"name
 _OPTIONAL = "optional"
 
 
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()  # an optional field its writer did not give (constructors take it too)
+
+
 def optional(default: Any = None) -> Any:
-    """A field whose key is written only while it holds a value (not None,
-    not False): rows without it stay as they always were."""
-    return field(default=default, metadata={_OPTIONAL: True})
+    """A field whose key is written only when its writer gives it (null
+    included); not given, or absent from a row read back, it holds
+    `default`."""
+    return field(default=UNSET, metadata={_OPTIONAL: True, "absent": default})
 
 
 def blocks_text(content: list[ContentBlock]) -> str:
@@ -71,14 +83,19 @@ class Body:
             raise TypeError(f"two bodies for the event type {cls.TYPE!r}")
         BODIES[cls.TYPE] = cls
 
+    def __post_init__(self) -> None:
+        given = set()
+        for name, absent in _shape(type(self)).optional:
+            if getattr(self, name) is UNSET:
+                object.__setattr__(self, name, absent)
+            else:
+                given.add(name)
+        self.__dict__["_given"] = frozenset(given)  # (not a field: equality ignores it)
+
     def payload(self) -> dict[str, Any]:
-        out = {}
-        for name, optional_ in _shape(type(self)).fields:
-            value = getattr(self, name)
-            if optional_ and (value is None or value is False):
-                continue
-            out[name] = value
-        return out
+        given = self.__dict__["_given"]
+        return {name: getattr(self, name) for name, optional_ in _shape(type(self)).fields
+                if not optional_ or name in given}
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Self:
@@ -92,6 +109,7 @@ class Body:
 @dataclass(frozen=True)
 class _Shape:
     fields: tuple[tuple[str, bool], ...]  # (name, optional) in order
+    optional: tuple[tuple[str, Any], ...]  # (name, value when absent)
     names: frozenset[str]
     required: frozenset[str]  # no default: a payload without it is refused
 
@@ -105,7 +123,9 @@ def _shape(cls: type[Body]) -> _Shape:
     if shape is None:
         all_ = fields(cls)
         shape = _SHAPES[cls] = _Shape(
-            tuple((f.name, bool(f.metadata.get(_OPTIONAL))) for f in all_), frozenset(f.name for f in all_),
+            tuple((f.name, bool(f.metadata.get(_OPTIONAL))) for f in all_),
+            tuple((f.name, f.metadata["absent"]) for f in all_ if f.metadata.get(_OPTIONAL)),
+            frozenset(f.name for f in all_),
             frozenset(f.name for f in all_ if f.default is MISSING and f.default_factory is MISSING))
     return shape
 
@@ -181,7 +201,7 @@ class AssistantStream(Body):
         return cls(frame="end", error=error)
 
     @classmethod
-    def end_stopped(cls, reason: str | None = None) -> AssistantStream:
+    def end_stopped(cls, reason: str = UNSET) -> AssistantStream:
         return cls(frame="end", aborted=True, reason=reason)
 
 
@@ -287,10 +307,10 @@ class ToolResult(Body):
         return cls(tool_call_id=call_id, name=name, status="ok", content=content, receipt=receipt, phrase=phrase)
 
     @classmethod
-    def failed(cls, call_id: str, name: str, error: str, receipt: str | None = None) -> ToolResult:
+    def failed(cls, call_id: str, name: str, error: str, receipt: str | None = UNSET) -> ToolResult:
         """It did not run as asked (no such tool, bad arguments, refused,
-        timed out, raised): for a dispatched write, `receipt` says what is
-        known of its effect."""
+        timed out, raised); `receipt`, once it ran past its timeout or
+        raised: what is known of a write's effect (None for a read)."""
         return cls(tool_call_id=call_id, name=name, status="error", error=error, receipt=receipt)
 
     @classmethod

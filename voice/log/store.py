@@ -42,6 +42,7 @@ from voice.log.events import (
     RuntimeRecovery,
     TurnEnd,
     TurnStart,
+    UNSET,
     encode_payload,
 )
 from voice.log.feed import DEFAULT_BUFFER, EventFeed, Subscription
@@ -264,8 +265,8 @@ class EventStore:
         self.feed.publish(Event(cur.lastrowid, conversation, turn, None, None, TurnStart.TYPE, payload, at_mono, at_wall))
         return turn
 
-    def end_turn(self, conversation: str, turn: int, outcome: str, *, reason: str | None = None,
-                 error: str | None = None) -> bool:
+    def end_turn(self, conversation: str, turn: int, outcome: str, *, reason: str = UNSET,
+                 error: str = UNSET) -> bool:
         """Log the turn's one terminal outcome. Returns False (and writes
         nothing) when the turn had already ended: the first outcome wins."""
         try:
