@@ -35,33 +35,26 @@ import voice.agent.providers.openai_compat  # noqa: E402,F401  (imported once, b
 import voice.service.chat  # noqa: E402,F401
 import voice.app  # noqa: E402,F401
 from voice import cli  # noqa: E402
-from voice.log.store import EventStore  # noqa: E402
+from voice.log.feed import EventFeed  # noqa: E402
 
 
 def _arm(kill_after: int | str | None, report: Path) -> None:
     """Count commits from the turn's start; SIGKILL ourselves at `kill_after`
-    (a count, or the first commit of an event type)."""
+    (a count, or the first commit of an event type). Every commit, by any
+    writer, is handed to the store's feed right after it: that is the hook."""
     seen = {"turn": False, "commits": 0}
-    append, start_turn = EventStore.append, EventStore.start_turn
+    publish = EventFeed.publish
 
-    def counted(result, type_: str):
+    def counted(self, event):
+        publish(self, event)
+        seen["turn"] = seen["turn"] or event.type == "turn/start"
         if seen["turn"]:
             seen["commits"] += 1
             report.write_text(str(seen["commits"]))
-            if kill_after in (seen["commits"], type_):
+            if kill_after in (seen["commits"], event.type):
                 os.kill(os.getpid(), signal.SIGKILL)
-        return result
 
-    def patched_append(self, conversation, type, *args, **kwargs):
-        return counted(append(self, conversation, type, *args, **kwargs), type)
-
-    def patched_start_turn(self, *args, **kwargs):
-        turn = start_turn(self, *args, **kwargs)
-        seen["turn"] = True
-        return counted(turn, "turn/start")
-
-    EventStore.append = patched_append
-    EventStore.start_turn = patched_start_turn
+    EventFeed.publish = counted
 
 
 def _child(request: dict) -> None:

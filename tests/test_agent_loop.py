@@ -232,3 +232,22 @@ async def test_bad_tool_arguments_become_an_error_result(store):
     assert result.outcome == ev.COMPLETED
     (res,) = of_turn(store, result.turn, ev.TOOL_RESULT)
     assert res.payload["status"] == "error" and "no_such_tool" in res.payload["error"]
+
+
+async def test_wait_idle_returns_once_the_stopped_turn_is_recorded(store):
+    # What a shutdown needs: cancel the turn, then wait (not poll) until its
+    # stop is in the log.
+    agent, out = text_agent(store, scripted({"text": LONG, "chunk_delay_ms": 20}))
+    with anyio.fail_after(1):
+        await agent.wait_idle()  # no turn: at once
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(agent.run_turn, "tell me")
+        with anyio.fail_after(5):
+            while words_printed(out) < 2:
+                await anyio.sleep(0.005)
+        assert agent.busy and agent.cancel(ev.INTERRUPTED)
+        with anyio.fail_after(5):
+            await agent.wait_idle()
+        assert not agent.busy
+        (end,) = [e for e in store.events("c-test") if e.type == ev.TURN_END]
+        assert end.payload["outcome"] == ev.INTERRUPTED

@@ -61,7 +61,7 @@ def test_the_event_vocabulary_imports_nothing_of_ours():
 
 
 def test_nothing_points_outside_the_repository():
-    """A clone has no ../shared: every file the project needs is in it."""
+    """A clone has nothing beside it: every file the project needs is in it."""
     outside = ["../" + "shared", "shared/" + "DESIGN", "shared/" + "tools"]  # (not spelled out: this file is searched too)
     out = subprocess.run(["git", "grep", "-n", "-I", *(a for p in outside for a in ("-e", p)), "--", ".", ":!.ci"],
                          cwd=ROOT, capture_output=True, text=True)

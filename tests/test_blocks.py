@@ -283,3 +283,21 @@ def test_content_blocks():
 def test_feeding_a_non_delta_raises():
     with pytest.raises(TypeError):
         BlockAssembler().feed("text")  # type: ignore[arg-type]
+
+
+def test_stream_offsets_follow_the_virtual_clock_installed_after_import():
+    # `voice replay` installs its virtual clock after voice.agent.blocks is
+    # imported; the stream's offsets must still be measured on that clock
+    # (the start was taken from the real one: offsets were off by every
+    # second the clock had skipped).
+    from voice.audio.clock import VirtualClock
+
+    clock = VirtualClock()
+    clock.offset = 3600.0  # an hour of idle time skipped
+    clock.install()
+    try:
+        a = BlockAssembler()
+        a.feed(TextDelta("Hi"))
+    finally:
+        clock.uninstall()
+    assert 0 <= a.timed_stream[0][0] < 1000

@@ -10,7 +10,7 @@ import io
 import anyio
 import pytest
 
-from conftest import run_and_cancel_when, scripted
+from conftest import printed_reply, run_and_cancel_when, scripted
 from voice.agent.effects import effects
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
 from voice.agent.recovery import recover
@@ -18,7 +18,7 @@ from voice.agent.tools import Receipt, Tool, ToolOutcome, ToolRegistry
 from voice.agent.tools.notes import notes_tools
 from voice.agent.tools.timers import TimerService, timer_tools
 from voice.log import events as ev
-from voice.log.projections import derive_messages
+from voice.log.projections import derive_messages, message_text
 from voice.surfaces.text import TextSurface
 
 pytestmark = pytest.mark.anyio
@@ -98,6 +98,36 @@ async def test_completion_text_plays_only_after_a_confirmed_receipt(store, tmp_p
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
     assert history[2]["content"].startswith("confirmed: ")
     assert history[3]["content"].strip() == DONE
+
+
+async def test_a_confirmed_write_with_nothing_said_after_it_speaks_the_tools_phrase(store, tmp_path):
+    # Most models stream no text after a call. The turn used to end there in
+    # silence, recording an empty `origin: completion` message: the person
+    # never heard that the note was saved.
+    agent, out = agent_with(store, scripted(note_then_done()), tmp_path)
+    result = await agent.run_turn("note buy milk")
+    assert result.outcome == ev.COMPLETED
+    assert printed_reply(out) == DONE  # the tool's own phrase
+    messages = [e.payload for e in store.events("c-test", turn=result.turn) if e.type == ev.ASSISTANT_MESSAGE]
+    assert [(m.get("origin"), message_text(m), bool(m.get("tool_calls"))) for m in messages] == [
+        (None, "", True), ("tool", DONE, False)]
+    assert seq_of(store, result.turn, ev.EFFECT_RECEIPT, state="confirmed") < seq_of(
+        store, result.turn, ev.ASSISTANT_MESSAGE, origin="tool")
+    assert derive_messages(store, "c-test")[-1] == {"role": "assistant", "content": DONE}
+
+
+async def test_a_confirmed_write_without_a_phrase_lets_the_model_answer(store, tmp_path):
+    async def save(args, ctx):
+        return ToolOutcome({"saved": True}, Receipt("confirmed"))
+
+    tool = Tool("save", "a write with no phrase of its own", {"type": "object"}, "write", save)
+    provider = scripted({"chunk_delay_ms": 1, "tool_calls": [{"name": "save", "arguments": {}}]},
+                        {"chunk_delay_ms": 1, "text": "Saved it."})
+    agent, out = agent_with(store, provider, tmp_path, tool)
+    result = await agent.run_turn("save it")
+    assert result.outcome == ev.COMPLETED and printed_reply(out) == "Saved it."
+    texts = [message_text(e.payload) for e in store.events("c-test", turn=result.turn) if e.type == ev.ASSISTANT_MESSAGE]
+    assert texts == ["", "Saved it."]  # the call, then the answer: no empty message in between
 
 
 async def test_failed_write_replaces_the_claim_with_an_honest_phrase(store, tmp_path):
@@ -190,6 +220,40 @@ async def test_a_repeat_of_an_unknown_write_is_blocked(store, tmp_path):
     blocked = [e for e in store.events("c-test") if e.type == ev.TOOL_RESULT and e.payload["status"] == ev.BLOCKED]
     assert len(blocked) == 1 and "unknown outcome" in blocked[0].payload["error"]
     assert [e.state for e in effects(store, "c-test")] == [ev.UNKNOWN]
+
+
+async def test_a_stop_while_an_earlier_unknown_write_is_looked_up_leaves_no_call_without_a_result(store, tmp_path):
+    # A repeat of an unknown write first asks reconcile() what became of the
+    # earlier one. A stop during that look used to leave the call with no
+    # result at all (no longer pending, never dispatched): every later
+    # request then carried a tool call without its answer.
+    looking = anyio.Event()
+
+    async def never_answers(args, ctx):
+        await anyio.sleep(10)
+
+    async def slow_look(args, dispatch, ctx):
+        looking.set()
+        await anyio.sleep(10)
+        return Receipt("unknown")
+
+    tool = Tool("transfer", "moves money", {"type": "object"}, "write", never_answers, timeout_s=0.05,
+                reconcile=slow_look)
+    call = {"name": "transfer", "arguments": {"amount": 5}}
+    provider = scripted({"chunk_delay_ms": 1, "tool_calls": [call]},
+                        {"chunk_delay_ms": 1, "text": "It may or may not have happened."},
+                        {"chunk_delay_ms": 1, "tool_calls": [call]})
+    agent, _ = agent_with(store, provider, tmp_path, tool)
+    await agent.run_turn("send five")
+    result = await run_and_cancel_when(agent, "try again", looking.is_set)
+    assert result.outcome == ev.ABORTED
+    (called,) = [e.payload["tool_call_id"] for e in store.events("c-test", turn=result.turn) if e.type == ev.TOOL_CALL]
+    results = [(e.payload["tool_call_id"], e.payload["status"])
+               for e in store.events("c-test", turn=result.turn) if e.type == ev.TOOL_RESULT]
+    assert results == [(called, ev.ABORTED_BEFORE_DISPATCH)]
+    history = derive_messages(store, "c-test")
+    answered = {m["tool_call_id"] for m in history if m["role"] == "tool"}
+    assert all(c["id"] in answered for m in history for c in m.get("tool_calls", []))
 
 
 async def test_a_model_repeating_a_confirmed_write_in_the_same_turn_is_blocked(store, tmp_path):

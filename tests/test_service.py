@@ -251,7 +251,8 @@ def test_ctl_events_since_prints_and_exits_and_follow_streams(daemon):
     follow = subprocess.Popen([sys.executable, "-m", "voice", "ctl", "events", "--follow"], cwd=ROOT,
                               env=env_for(daemon.tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # connected: from now on
+        # connected once it says so (on stderr): from then on every event comes
+        assert "following the log" in follow.stderr.readline()
         assert voice(daemon.tmp, "ctl", "say", "what time is it").returncode == 0
         seen = []
         while not any(" turn/end " in ln for ln in seen):

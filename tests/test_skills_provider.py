@@ -8,6 +8,7 @@ import re
 import io
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,7 +16,9 @@ import pytest
 from voice.agent.providers.base import Finish, ModelRequest, ProviderRoute, TextDelta, ToolCallDelta
 from voice.agent.providers.scripted import split_words
 from voice.agent.providers.skills import HINT, SkillsProvider, spoken_duration
-from voice.log.projections import chat_view
+from voice.log import events as ev
+from voice.log.events import ToolResult
+from voice.log.projections import chat_view, tool_result_text
 
 from conftest import printed_reply, text_agent
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
@@ -30,9 +33,11 @@ def schemas(*names: str) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": n, "description": "", "parameters": {}}} for n in names]
 
 
-async def collect(messages: list[dict[str, Any]], tools: list[str] = ALL_TOOLS, provider: SkillsProvider | None = None):
+async def collect(messages: list[dict[str, Any]], results: dict[str, ToolResult] | None = None,
+                  tools: list[str] = ALL_TOOLS, provider: SkillsProvider | None = None):
     provider = provider or SkillsProvider(chunk_delay_s=0)
-    return [d async for d in provider.stream(ModelRequest(messages=messages, tools=schemas(*tools)))]
+    request = ModelRequest(messages=messages, tools=schemas(*tools), tool_results=results or {})
+    return [d async for d in provider.stream(request)]
 
 
 def calls_of(deltas) -> list[tuple[str, dict[str, Any]]]:
@@ -44,7 +49,7 @@ def text_of(deltas) -> str:
 
 
 async def ask(text: str, tools: list[str] = ALL_TOOLS):
-    return await collect([{"role": "user", "content": text}], tools)
+    return await collect([{"role": "user", "content": text}], tools=tools)
 
 
 # -- the grammar ---------------------------------------------------------------
@@ -206,23 +211,33 @@ async def test_repeat_with_nothing_said():
 # -- tool results ----------------------------------------------------------------
 
 
-def after_call(name: str, content: str, call_id: str = "skill_1") -> list[dict[str, Any]]:
-    return [
+def after_call(name: str, content: str, result: ToolResult, call_id: str = "skill_1"):
+    """A request answering `result`: its messages (the result rendered as the
+    model reads it, which must be `content`) and its structured results."""
+    result = replace(result, tool_call_id=call_id, name=name)
+    assert tool_result_text(result) == content
+    other = ToolResult.ok("other", "get_time", {"spoken": "never this"}, None, None)
+    messages = [
         {"role": "user", "content": "older"},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "other", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "other", "content": '{"spoken": "never this"}'},
+        {"role": "tool", "tool_call_id": "other", "content": tool_result_text(other)},
         {"role": "user", "content": "now"},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": call_id, "content": content},
     ]
+    return messages, {"other": other, call_id: result}
+
+
+def ok(content: Any, receipt: str | None = None) -> ToolResult:
+    return ToolResult.ok("", "", content, receipt, None)
 
 
 @pytest.mark.anyio
 async def test_time_result_is_spoken():
-    content = json.dumps({"iso": "2025-11-29T23:49:00+01:00", "spoken": "11:49 PM on Sunday, November 29"})
-    deltas = await collect(after_call("get_time", content))
+    content = {"iso": "2025-11-29T23:49:00+01:00", "spoken": "11:49 PM on Sunday, November 29"}
+    deltas = await collect(*after_call("get_time", json.dumps(content), ok(content)))
     assert text_of(deltas) == "It is 11:49 PM on Sunday, November 29."
     assert calls_of(deltas) == [] and deltas[-1] == Finish("stop")
 
@@ -231,21 +246,22 @@ async def test_time_result_is_spoken():
 @pytest.mark.parametrize(
     "content,expected",
     [
-        (json.dumps({"notes": [{"text": "buy milk"}, {"text": "call Anna"}]}), "You have two notes: buy milk and call Anna."),
-        (json.dumps(["buy milk"]), "You have one note: buy milk."),
-        (json.dumps({"notes": []}), "You have no notes."),
-        (json.dumps({"count": 12, "notes": [{"text": "a"}, {"text": "b"}]}), "You have twelve notes. The latest two: a and b."),
+        ({"notes": [{"text": "buy milk"}, {"text": "call Anna"}]}, "You have two notes: buy milk and call Anna."),
+        (["buy milk"], "You have one note: buy milk."),
+        ({"notes": []}, "You have no notes."),
+        ({"count": 12, "notes": [{"text": "a"}, {"text": "b"}]}, "You have twelve notes. The latest two: a and b."),
         ("not json at all", "Here is what I found: not json at all"),
     ],
 )
 async def test_notes_result_is_summarised(content, expected):
-    assert text_of(await collect(after_call("read_notes", content))) == expected
+    rendered = content if isinstance(content, str) else json.dumps(content)
+    assert text_of(await collect(*after_call("read_notes", rendered, ok(content)))) == expected
 
 
 @pytest.mark.anyio
 async def test_timers_result_is_summarised():
-    content = json.dumps({"timers": [{"label": "pasta", "remaining_s": 90}, {"remaining_s": 10}]})
-    text = text_of(await collect(after_call("list_timers", content)))
+    content = {"timers": [{"label": "pasta", "remaining_s": 90}, {"remaining_s": 10}]}
+    text = text_of(await collect(*after_call("list_timers", json.dumps(content), ok(content))))
     assert text == ("You have two timers: the pasta timer with one minute and thirty seconds left"
                     " and a timer with ten seconds left.")
 
@@ -253,16 +269,18 @@ async def test_timers_result_is_summarised():
 @pytest.mark.anyio
 @pytest.mark.parametrize("name", ["set_timer", "cancel_timer", "add_note", "run_command", "get_time", "read_notes"])
 @pytest.mark.parametrize(
-    "content,why",
+    "content,why,result",
     [
-        ("error: no timer named pasta", "no timer named pasta"),
-        ("cancelled: the turn was stopped", "the turn was stopped"),
-        ("unknown: the write timed out", "the write timed out"),
-        ("ABORTED_BEFORE_DISPATCH: the turn was stopped before this call ran", "the turn was stopped before this call ran"),
+        ("error: no timer named pasta", "no timer named pasta", ToolResult.failed("", "", "no timer named pasta")),
+        ("cancelled: the turn was stopped", "the turn was stopped", ToolResult.stopped("", "", None)),
+        ("unknown: the write timed out", "the write timed out",
+         ToolResult.failed("", "", "the write timed out", ev.UNKNOWN)),
+        ("ABORTED_BEFORE_DISPATCH: the turn was stopped before this call ran", "the turn was stopped before this call ran",
+         ToolResult.not_dispatched("", "")),
     ],
 )
-async def test_failed_results_are_never_claimed_as_done(name, content, why):
-    deltas = await collect(after_call(name, content))
+async def test_failed_results_are_never_claimed_as_done(name, content, why, result):
+    deltas = await collect(*after_call(name, content, result))
     text = text_of(deltas)
     assert why in text and text.startswith("Sorry")
     assert "Done" not in text and "saved" not in text and "is set" not in text
@@ -272,33 +290,54 @@ async def test_failed_results_are_never_claimed_as_done(name, content, why):
 @pytest.mark.anyio
 async def test_failure_reason_is_read_from_a_receipt_object():
     content = 'failed: {"cancelled": false, "reason": "no such timer is running"}'
-    text = text_of(await collect(after_call("cancel_timer", content)))
+    result = ok({"cancelled": False, "reason": "no such timer is running"}, ev.FAILED)
+    text = text_of(await collect(*after_call("cancel_timer", content, result)))
     assert text == "Sorry, cancelling the timer did not work: no such timer is running."
 
 
 @pytest.mark.anyio
 async def test_blocked_repeat_is_not_read_as_an_instruction():
-    content = "blocked: an earlier set_timer has an unknown outcome. Tell the person it may or may not have happened."
-    text = text_of(await collect(after_call("set_timer", content)))
+    content = ("blocked: an earlier set_timer with these arguments (turn 3) has an unknown outcome; it was not "
+               "repeated. Tell the person it may or may not have happened.")
+    result = ToolResult.blocked("", "set_timer", earlier=ev.UNKNOWN, blocked_by="call_3_0_0_0", blocked_turn=3,
+                                this_turn=4)
+    text = text_of(await collect(*after_call("set_timer", content, result)))
     assert text == "I did not try setting the timer again, because an earlier try may or may not have worked."
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("name", ["set_timer", "cancel_timer", "add_note", "run_command"])
-@pytest.mark.parametrize("content", [json.dumps({"ok": True}), 'confirmed: {"saved": true}'])
-async def test_ok_write_result_streams_nothing(name, content):
-    deltas = await collect(after_call(name, content))
+@pytest.mark.parametrize("content,result", [(json.dumps({"ok": True}), ok({"ok": True})),
+                                            ('confirmed: {"saved": true}', ok({"saved": True}, ev.CONFIRMED))])
+async def test_ok_write_result_streams_nothing(name, content, result):
+    deltas = await collect(*after_call(name, content, result))
     assert deltas == [Finish("stop")]
 
 
 @pytest.mark.anyio
 async def test_released_confirmation_is_not_taken_for_a_request():
     # the loop appends the held "Done, ..." after the receipt; it must not set another timer
-    messages = after_call("set_timer", 'confirmed: {"seconds": 600}') + [
-        {"role": "assistant", "content": "Done, your timer for ten minutes is set."}]
-    assert await collect(messages) == [Finish("stop")]
-    failed = after_call("add_note", 'failed: {"saved": false}') + [{"role": "assistant", "content": "That didn't work."}]
-    assert text_of(await collect(failed)) == "Sorry, saving the note did not work."
+    messages, results = after_call("set_timer", 'confirmed: {"seconds": 600}', ok({"seconds": 600}, ev.CONFIRMED))
+    messages.append({"role": "assistant", "content": "Done, your timer for ten minutes is set."})
+    assert await collect(messages, results=results) == [Finish("stop")]
+    failed, results = after_call("add_note", 'failed: {"saved": false}', ok({"saved": False}, ev.FAILED))
+    failed.append({"role": "assistant", "content": "That didn't work."})
+    assert text_of(await collect(failed, results=results)) == "Sorry, saving the note did not work."
+
+
+@pytest.mark.anyio
+async def test_a_result_that_reads_like_a_failure_is_not_one():
+    # The rendered text is for a model; only the structured status says what
+    # happened: a read whose content begins "error:" did its job.
+    content = "error: 3 lines in the log"
+    deltas = await collect(*after_call("read_notes", content, ok(content)))
+    assert text_of(deltas) == "Here is what I found: error: 3 lines in the log"
+
+
+@pytest.mark.anyio
+async def test_results_missing_from_the_request_are_never_claimed_as_done():
+    messages, _ = after_call("add_note", 'confirmed: {"saved": true}', ok({"saved": True}, ev.CONFIRMED))
+    assert text_of(await collect(messages)) == "Sorry, I could not tell what came of saving the note."
 
 
 # -- the stream ------------------------------------------------------------------

@@ -73,7 +73,9 @@ class BlockAssembler:
     blocks: list[Block] = field(default_factory=list)
     finish_reason: str | None = None
     timed_stream: list[list[Any]] = field(default_factory=list)
-    _started: float = field(default_factory=time.monotonic)
+    # Read at call time, not bound at import: `voice replay` installs its
+    # virtual clock (patching time.monotonic) after this module is imported.
+    _started: float = field(default_factory=lambda: time.monotonic())
 
     def feed(self, delta: Delta) -> None:
         offset_ms = round((time.monotonic() - self._started) * 1000, 1)

@@ -40,29 +40,28 @@ class Effect:
 
 def effects(store: EventStore, conversation: str | None = None) -> list[Effect]:
     events = store.events(conversation, types={ev.TOOL_DISPATCH, ev.EFFECT_RECEIPT})
-    receipts: dict[tuple[str, int | None, int | None, str, str], dict[str, Any]] = {}
+    receipts: dict[tuple[str, int | None, int | None, str, str], ev.EffectReceipt] = {}
     for e in events:
-        if e.type == ev.EFFECT_RECEIPT:
-            key = (e.conversation, e.turn, e.step, e.payload["tool_call_id"], e.payload.get("phase", "dispatch"))
-            receipts.setdefault(key, e.payload)
+        if isinstance(receipt := e.body, ev.EffectReceipt):
+            receipts.setdefault((e.conversation, e.turn, e.step, receipt.tool_call_id, receipt.phase), receipt)
     out = []
     for e in events:
-        if e.type != ev.TOOL_DISPATCH or e.payload.get("effect") != "write":
+        dispatch = e.body
+        if not isinstance(dispatch, ev.ToolDispatched) or dispatch.effect != "write":
             continue
-        key = (e.conversation, e.turn, e.step, e.payload["tool_call_id"])
-        dispatch = receipts.get((*key, "dispatch"))
+        key = (e.conversation, e.turn, e.step, dispatch.tool_call_id)
+        own = receipts.get((*key, "dispatch"))
         reconciled = receipts.get((*key, "reconciled"))
         if reconciled is not None:
-            state, outcome, evidence = "reconciled", reconciled["state"], reconciled.get("evidence", {})
-        elif dispatch is not None:
-            state = outcome = dispatch["state"]
-            evidence = dispatch.get("evidence", {})
+            state, outcome, evidence = "reconciled", reconciled.state, reconciled.evidence
+        elif own is not None:
+            state = outcome = own.state
+            evidence = own.evidence
         else:
             state = outcome = ev.UNKNOWN
             evidence = {"reason": "no receipt was recorded"}
-        out.append(Effect(e.conversation, e.turn, e.step, e.attempt, e.payload["tool_call_id"], e.payload["name"],
-                          e.payload.get("arguments", {}), {**e.payload, "at_wall": e.at_wall}, state, outcome,
-                          evidence))
+        out.append(Effect(e.conversation, e.turn, e.step, e.attempt, dispatch.tool_call_id, dispatch.name,
+                          dispatch.arguments, {**e.payload, "at_wall": e.at_wall}, state, outcome, evidence))
     return out
 
 
@@ -74,8 +73,8 @@ async def reconcile_one(store: EventStore, effect: Effect, tool: Tool, ctx: Tool
     receipt = await tool.reconcile(effect.arguments, effect.dispatch, ctx)
     if receipt.state == ev.UNKNOWN:
         return effect
-    store.append(effect.conversation, ev.EFFECT_RECEIPT,
-                 {"tool_call_id": effect.tool_call_id, "name": effect.tool, "phase": "reconciled",
-                  "state": receipt.state, "evidence": receipt.evidence},
+    store.record(effect.conversation, ev.EffectReceipt(tool_call_id=effect.tool_call_id, name=effect.tool,
+                                                       phase="reconciled", state=receipt.state,
+                                                       evidence=receipt.evidence),
                  turn=effect.turn, step=effect.step, attempt=effect.attempt)
     return replace(effect, state="reconciled", outcome=receipt.state, evidence=receipt.evidence)

@@ -38,9 +38,9 @@ from voice.agent.providers.base import (
 )
 from voice.agent.surface import Delivered, Surface, UnitRef
 from voice.agent.tools import ToolError, ToolRegistry
-from voice.agent.tools.base import Receipt, ToolContext, ToolOutcome
+from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
 from voice.log import events as ev
-from voice.log.projections import derive_messages, provider_messages
+from voice.log.projections import derive_history, provider_messages
 from voice.log.store import EventStore
 from voice.paths import data_dir
 
@@ -139,10 +139,10 @@ class AgentLoop:
         self.settings = settings or LoopSettings()
         self.tool_env = tool_env or ToolEnv()
         self._scope: anyio.CancelScope | None = None
+        self._turn_over: anyio.Event | None = None  # set as the running turn's scope closes
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
-        self._turn_done: anyio.Event | None = None  # set when the running turn has ended
 
     # -- public ------------------------------------------------------------
 
@@ -166,24 +166,25 @@ class AgentLoop:
         return self._scope is not None
 
     async def wait_idle(self) -> None:
-        """Return once no turn runs (its end is recorded)."""
-        if self._turn_done is not None:
-            await self._turn_done.wait()
+        """Return once no turn runs: at once when none does, else when the
+        running one has ended, its stop recorded (after `cancel()`, the
+        shutdown waits here). Cancellable like any wait."""
+        while self._turn_over is not None:
+            await self._turn_over.wait()
 
     async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
         user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        turn = self.store.start_turn(self.conversation, {"source": source})
-        self.store.append(self.conversation, ev.USER_MESSAGE, {"content": user_text, "source": source}, turn=turn)
+        turn = self.store.start_turn(self.conversation, ev.TurnStart(source=source))
+        self.store.record(self.conversation, ev.UserMessage(content=user_text, source=source), turn=turn)
         state = _TurnState(turn)
         self._state = state
         self._cancel_outcome = ev.ABORTED
         self.current_turn = turn
         outcome = ev.ABORTED
-        self._turn_done = anyio.Event()
         with anyio.CancelScope() as scope:
-            self._scope = scope
+            self._scope, self._turn_over = scope, anyio.Event()
             try:
                 outcome = await self._run_steps(state)
             except anyio.get_cancelled_exc_class():
@@ -192,10 +193,11 @@ class AgentLoop:
                     await self._record_cancel(state, outcome)
                 raise
             finally:
+                over, self._turn_over = self._turn_over, None
                 self._scope = None
                 self._state = None
                 self.current_turn = None
-                self._turn_done.set()
+                over.set()
         return TurnResult(turn, outcome)
 
     # -- steps -------------------------------------------------------------
@@ -203,11 +205,11 @@ class AgentLoop:
     async def _run_steps(self, state: _TurnState) -> str:
         for step in range(self.settings.max_steps):
             state.step, state.attempt = step, 0
-            self._append(ev.STEP_START, state, {"route": self._route()})
+            self._record(state, ev.StepStart(route=self._route()))
             state.step_open = True
             assembler = await self._request_with_retries(state)
             if assembler is None:
-                self._append(ev.STEP_END, state, {"outcome": "error"})
+                self._record(state, ev.StepEnd(outcome="error"))
                 state.step_open = False
                 self.store.end_turn(self.conversation, state.turn, ev.ERROR, error="the language model request failed")
                 return ev.ERROR
@@ -215,7 +217,7 @@ class AgentLoop:
             # A completion the model streamed after its writes, once confirmed
             # and spoken, ends the turn: asking again would only repeat it.
             completed = await self._run_tools(state, calls) if calls else False
-            self._append(ev.STEP_END, state, {"outcome": "tool_calls" if calls else "completed"})
+            self._record(state, ev.StepEnd(outcome="tool_calls" if calls else "completed"))
             state.step_open = False
             if not calls or completed:
                 break
@@ -243,12 +245,11 @@ class AgentLoop:
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt)
         assembler = BlockAssembler()
         state.streaming = _Streaming(ref, assembler)
-        self._append(ev.ASSISTANT_STREAM, state, {"frame": "start", "route": self._route()})
+        self._record(state, ev.AssistantStream.start(self._route()))
         self.surface.open(ref)
-        request = ModelRequest(
-            messages=provider_messages(derive_messages(self.store, self.conversation), self.settings.system_prompt),
-            tools=self.tools.schemas(),
-        )
+        history = derive_history(self.store, self.conversation)
+        request = ModelRequest(messages=provider_messages(history.messages, self.settings.system_prompt),
+                               tools=self.tools.schemas(), tool_results=history.tool_results)
         stream = self.provider.stream(request)
         gate: int | None = None  # blocks from here on follow a write call: held back
         try:
@@ -265,11 +266,9 @@ class AgentLoop:
             assembler.note_error(str(exc))
             assembler.close()
             self.surface.discard(ref, "error")
-            self._append(ev.ASSISTANT_ATTEMPT, state, self._stream_record(ref, assembler, reason="error"))
-            self._append(ev.ASSISTANT_STREAM, state, {"frame": "end", "error": str(exc)})
-            self._append(
-                ev.REQUEST_ERROR, state, {"message": str(exc), "status": exc.status, "retryable": exc.retryable}
-            )
+            self._record(state, ev.AssistantAttempt(reason="error", **self._stream_fields(ref, assembler)))
+            self._record(state, ev.AssistantStream.end_failed(str(exc)))
+            self._record(state, ev.RequestError(message=str(exc), status=exc.status, retryable=exc.retryable))
             state.streaming = None
             raise
         finally:
@@ -277,152 +276,163 @@ class AgentLoop:
                 await stream.aclose()
         await self.surface.close(ref)
         calls = _own_ids(ref, assembler.tool_calls())
-        record = self._stream_record(ref, assembler)
+        record = self._stream_fields(ref, assembler)
         if gate is not None:  # the message holds what came before the write; the rest waits for receipts
             state.held_text = "".join(b.text for b in assembler.blocks[gate:] if b.type == TEXT)
             record["content"] = [b.to_json() for b in assembler.blocks[:gate] if b.type in (TEXT, REASONING) and b.text.strip()]
         if not record["content"] and not calls:
-            self._append(ev.ASSISTANT_ATTEMPT, state, {**record, "reason": "empty"})
+            self._record(state, ev.AssistantAttempt(reason="empty", **record))
         else:
-            record["tool_calls"] = [c.to_openai() for c in calls]
-            self._append(ev.ASSISTANT_MESSAGE, state, record)
+            self._record(state, ev.AssistantMessage(tool_calls=[c.to_openai() for c in calls], **record))
             state.playing.append(ref)
-        self._append(ev.ASSISTANT_STREAM, state, {"frame": "end", "finish_reason": assembler.finish_reason})
+        self._record(state, ev.AssistantStream.end(assembler.finish_reason))
         state.streaming = None
         return assembler
 
-    def _stream_record(self, ref: UnitRef, assembler: BlockAssembler, **extra: Any) -> dict[str, Any]:
-        return {
-            "message_id": ref.message_id,
-            "content": assembler.content_blocks(),
-            "route": self._route(),
-            "finish_reason": assembler.finish_reason,
-            "stream": assembler.timed_stream,
-            **extra,
-        }
+    def _stream_fields(self, ref: UnitRef, assembler: BlockAssembler) -> dict[str, Any]:
+        """What an assistant message or attempt records of its stream."""
+        return {"message_id": ref.message_id, "content": assembler.content_blocks(), "route": self._route(),
+                "finish_reason": assembler.finish_reason, "stream": assembler.timed_stream}
 
     # -- tools -------------------------------------------------------------
 
     async def _run_tools(self, state: _TurnState, calls: list[ToolCall]) -> bool:
-        """Run the step's calls in order. True when held completion text
-        was confirmed and spoken."""
+        """Run the step's calls in order. True when the writes were confirmed
+        and said so (the model's held completion, or the tools' phrases)."""
         state.pending_calls = list(calls)
         for call in calls:
-            self._append(ev.TOOL_CALL, state, {"tool_call_id": call.id, "name": call.name, "arguments": call.arguments_json,
-                                               "provider_id": call.provider_id})
+            self._record(state, ev.ToolCalled(tool_call_id=call.id, name=call.name, arguments=call.arguments_json,
+                                              provider_id=call.provider_id))
         receipts: list[str] = []
+        phrases: list[str] = []
         while state.pending_calls:
             call = state.pending_calls.pop(0)
-            receipts.append(await self._run_tool(state, call))
-        return await self._release_held(state, receipts)
+            known, result = await self._run_tool(state, call)
+            receipts.append(known)
+            if known == ev.CONFIRMED and result.phrase:
+                phrases.append(result.phrase)
+        return await self._release_held(state, receipts, phrases)
 
-    async def _run_tool(self, state: _TurnState, call: ToolCall) -> str:
-        """Run one call; returns its receipt state ("" for a read)."""
-        base = {"tool_call_id": call.id, "name": call.name}
+    async def _run_tool(self, state: _TurnState, call: ToolCall) -> tuple[str, ev.ToolResult]:
+        """Run one call and record its one `tool/result`. Returns, with the
+        result, what is known of the call's effect for the held completion:
+        confirmed | failed | unknown, "" for a read."""
         tool = self.tools.get(call.name)
-        if tool is None:
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"no tool named {call.name!r}"})
-            return ev.FAILED
+        write = tool is not None and tool.effect == "write"
+        result: ev.ToolResult | None = None
+        dispatched = False
         try:
-            args = call.arguments()
-        except ValueError as exc:
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": str(exc)})
-            return ev.FAILED if tool.effect == "write" else ""
-        ctx = self.tool_env.context(self.conversation, state.turn, call.id)
+            if tool is None:
+                result, known = ev.ToolResult.failed(call.id, call.name, f"no tool named {call.name!r}"), ev.FAILED
+                return known, result
+            try:
+                args = call.arguments()
+            except ValueError as exc:
+                result = ev.ToolResult.failed(call.id, call.name, str(exc))
+                return (ev.FAILED if write else ""), result
+            ctx = self.tool_env.context(self.conversation, state.turn, call.id)
+            if write and (result := await self._blocked_repeat(state, call, args, ctx)) is not None:
+                return ev.UNKNOWN, result
+            self._record(state, ev.ToolDispatched(tool_call_id=call.id, name=call.name, effect=tool.effect,
+                                                  arguments=args))
+            dispatched = True
+            known, result = await self._dispatch(state, call, tool, args, ctx)
+            return known, result
+        except anyio.get_cancelled_exc_class():
+            if not dispatched:  # (stopped while an earlier write was being looked up)
+                result = ev.ToolResult.not_dispatched(call.id, call.name)
+            else:  # a started call produces its real result: stopped, and a write's effect unknown
+                self._receipt(state, call, ev.UNKNOWN, {"cancelled": "stopped between dispatch and receipt"}, write)
+                result = ev.ToolResult.stopped(call.id, call.name, ev.UNKNOWN if write else None)
+            raise
+        finally:
+            if result is not None:
+                self._record(state, result)
+
+    async def _dispatch(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
+                        ctx: ToolContext) -> tuple[str, ev.ToolResult]:
+        """Run a dispatched call; records a write's receipt. Returns what is
+        known of its effect ("" for a read) and its result."""
         write = tool.effect == "write"
-        if write and await self._unresolved_repeat(state, call, args, ctx):
-            return ev.UNKNOWN
-        self._append(ev.TOOL_DISPATCH, state, {**base, "effect": tool.effect, "arguments": args})
         try:
             with anyio.fail_after(tool.timeout_s):
                 out = await tool.run(args, ctx)
         except ToolError as exc:  # refused before any effect
             self._receipt(state, call, ev.FAILED, {"refused": str(exc)}, write)
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": str(exc)})
-            return ev.FAILED if write else ""
+            return (ev.FAILED if write else ""), ev.ToolResult.failed(call.id, call.name, str(exc))
         except TimeoutError:
             self._receipt(state, call, ev.UNKNOWN, {"timeout_s": tool.timeout_s}, write)
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"timed out after {tool.timeout_s} s",
-                                                 "receipt": ev.UNKNOWN if write else None})
-            return ev.UNKNOWN if write else ""
+            unknown = ev.UNKNOWN if write else None
+            return unknown or "", ev.ToolResult.failed(call.id, call.name, f"timed out after {tool.timeout_s} s", unknown)
         except Exception as exc:  # a tool bug must not end the conversation; the model sees the error
             self._receipt(state, call, ev.UNKNOWN, {"error": repr(exc)}, write)
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "error", "error": f"the tool failed: {exc}",
-                                                 "receipt": ev.UNKNOWN if write else None})
-            return ev.UNKNOWN if write else ""
-        except anyio.get_cancelled_exc_class():
-            # Started calls produce their real result: stopped, and for a
-            # write, an effect of unknown outcome.
-            self._receipt(state, call, ev.UNKNOWN, {"cancelled": "stopped between dispatch and receipt"}, write)
-            self._append(ev.TOOL_RESULT, state, {**base, "status": "cancelled", "error": "the turn was stopped",
-                                                 "receipt": ev.UNKNOWN if write else None})
-            raise
+            unknown = ev.UNKNOWN if write else None
+            return unknown or "", ev.ToolResult.failed(call.id, call.name, f"the tool failed: {exc}", unknown)
         outcome = out if isinstance(out, ToolOutcome) else ToolOutcome(out)
         receipt = outcome.receipt
         if write and receipt is None:
             receipt = Receipt(ev.UNKNOWN, {"reason": "the tool returned no receipt"})
         if write:
             self._receipt(state, call, receipt.state, receipt.evidence, True)
-        self._append(ev.TOOL_RESULT, state, {**base, "status": "ok", "content": outcome.content,
-                                             "receipt": receipt.state if receipt else None, "phrase": outcome.phrase})
-        return receipt.state if receipt else ""
+        known = receipt.state if receipt else None
+        return known or "", ev.ToolResult.ok(call.id, call.name, outcome.content, known, outcome.phrase)
 
     def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
         if write:
-            self._append(ev.EFFECT_RECEIPT, state, {"tool_call_id": call.id, "name": call.name, "phase": "dispatch",
-                                                    "state": outcome, "evidence": evidence})
+            self._record(state, ev.EffectReceipt(tool_call_id=call.id, name=call.name, phase="dispatch", state=outcome,
+                                                 evidence=evidence))
 
-    async def _unresolved_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any], ctx: ToolContext) -> bool:
+    async def _blocked_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any],
+                              ctx: ToolContext) -> ev.ToolResult | None:
         """I9: a write identical to an earlier one is not run again when the
         earlier one's outcome is still unknown (reconcile() may resolve it
         first), or when it did happen but its turn never completed (a crash,
         a stop): the person may not have heard it was done, and a retry would
         do it twice. The latter blocks once: after the person has been told,
-        asking again is a new request."""
+        asking again is a new request. Returns the `blocked` result, or None
+        when the call may run."""
         earlier = [e for e in effects(self.store, self.conversation) if e.tool == call.name and e.arguments == args]
         if not earlier:
-            return False
-        ended = {e.turn: e.payload.get("outcome") for e in self.store.events(self.conversation, types={ev.TURN_END})}
-        told = {(e.payload.get("blocked_turn"), e.payload.get("blocked_by"))  # results of this step are not read yet
+            return None
+        ended = {e.turn: e.body.outcome for e in self.store.events(self.conversation, types={ev.TURN_END})}
+        told = {(e.body.blocked_turn, e.body.blocked_by)  # results of this step are not read yet
                 for e in self.store.events(self.conversation, types={ev.TOOL_RESULT})
-                if e.payload.get("status") == ev.BLOCKED and (e.turn, e.step) != (state.turn, state.step)}
+                if e.body.status == ev.BLOCKED and (e.turn, e.step) != (state.turn, state.step)}
         for effect in earlier:
             if effect.outcome == ev.UNKNOWN:
                 tool = self.tools.get(call.name)
                 if tool is not None and tool.reconcile is not None:
                     effect = await reconcile_one(self.store, effect, tool, ctx)
-            if effect.outcome == ev.UNKNOWN:
-                why = (f"an earlier {call.name} with these arguments (turn {effect.turn}) has an unknown outcome; it "
-                       "was not repeated. Tell the person it may or may not have happened.")
-            elif (effect.outcome == ev.CONFIRMED and ended.get(effect.turn) != ev.COMPLETED
-                  and (effect.turn, effect.tool_call_id) not in told):
-                when = ("earlier in this turn" if effect.turn == state.turn else
-                        f"(turn {effect.turn}), but that turn was cut short before the person heard so")
-                why = (f"an earlier {call.name} with these arguments did happen {when}; it was not repeated. Tell "
-                       "the person it was already done.")
-            else:
-                continue
-            self._append(ev.TOOL_RESULT, state, {
-                "tool_call_id": call.id, "name": call.name, "status": ev.BLOCKED, "error": why,
-                "blocked_by": effect.tool_call_id, "blocked_turn": effect.turn})
-            return True
-        return False
+            blocking = effect.outcome == ev.UNKNOWN or (
+                effect.outcome == ev.CONFIRMED and ended.get(effect.turn) != ev.COMPLETED
+                and (effect.turn, effect.tool_call_id) not in told)
+            if blocking:
+                return ev.ToolResult.blocked(call.id, call.name, earlier=effect.outcome, blocked_by=effect.tool_call_id,
+                                             blocked_turn=effect.turn, this_turn=state.turn)
+        return None
 
-    async def _release_held(self, state: _TurnState, receipts: list[str]) -> bool:
+    async def _release_held(self, state: _TurnState, receipts: list[str], phrases: list[str]) -> bool:
         """Text the model streamed after a write call plays only once every
-        write of the step is confirmed; otherwise an honest phrase replaces it."""
+        write of the step is confirmed; otherwise an honest phrase replaces
+        it. When the model streamed nothing after its confirmed writes, the
+        tools' own phrases ("Done, I saved the note.") say so. True when a
+        confirmation was said: the turn is then complete."""
         held, state.held_text = state.held_text, ""
         writes = [r for r in receipts if r]
         if not held.strip() and not writes:
             return False
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt, part=1)
         if writes and all(r == ev.CONFIRMED for r in writes):
-            text, origin = held, "completion"
+            if held.strip():
+                text, origin = held, "completion"
+            elif phrases:
+                text, origin = " ".join(phrases), "tool"
+            else:
+                return False  # nothing to say yet: the model answers from the results
         else:
             if held.strip():
-                self._append(ev.ASSISTANT_ATTEMPT, state, {"message_id": ref.message_id, "reason": "withheld",
-                                                            "content": [{"type": "text", "text": held}],
-                                                            "receipts": writes})
+                self._record(state, ev.AssistantAttempt(message_id=ref.message_id, reason="withheld",
+                                                        content=[{"type": "text", "text": held}], receipts=writes))
             if not writes or not held.strip():
                 return False  # nothing was claimed, so nothing needs correcting
             text = ("I couldn't confirm that it worked." if ev.UNKNOWN in writes
@@ -431,11 +441,10 @@ class AgentLoop:
         self.surface.open(ref)
         await self.surface.text(ref, text)
         await self.surface.close(ref)
-        self._append(ev.ASSISTANT_MESSAGE, state, {"message_id": ref.message_id,
-                                                   "content": [{"type": "text", "text": text}],
-                                                   "origin": origin, "receipts": writes})
+        self._record(state, ev.AssistantMessage(message_id=ref.message_id, content=[{"type": "text", "text": text}],
+                                                origin=origin, receipts=writes))
         state.playing.append(ref)
-        return origin == "completion"
+        return origin != "receipt"
 
     # -- delivery ----------------------------------------------------------
 
@@ -448,12 +457,9 @@ class AgentLoop:
             state.playing.pop(0)
 
     def _played(self, state: _TurnState, ref: UnitRef, d: Delivered) -> None:
-        self.store.append(
-            self.conversation,
-            ev.SPEECH_PLAYED,
-            {"message_id": ref.message_id, "chars": d.text_chars, "words": d.words, "samples": d.samples, "complete": d.complete},
-            turn=ref.turn, step=ref.step, attempt=ref.attempt,
-        )
+        self.store.record(self.conversation, ev.SpeechPlayed(message_id=ref.message_id, chars=d.text_chars, words=d.words,
+                                                             samples=d.samples, complete=d.complete),
+                          turn=ref.turn, step=ref.step, attempt=ref.attempt)
 
     # -- cancellation ------------------------------------------------------
 
@@ -464,27 +470,21 @@ class AgentLoop:
             assembler.close()
             content = _truncate(assembler.interrupted_blocks(), self.surface.delivered(ref))
             if content:
-                record = self._stream_record(ref, assembler, interrupted=True, surfaceOp="append")
-                record["content"] = content
-                self._append(ev.ASSISTANT_MESSAGE, state, record)
+                record = {**self._stream_fields(ref, assembler), "content": content}
+                self._record(state, ev.AssistantMessage(interrupted=True, surfaceOp="append", **record))
             else:
-                self._append(ev.ASSISTANT_ATTEMPT, state, self._stream_record(ref, assembler, reason="aborted"))
-            self._append(ev.ASSISTANT_STREAM, state, {"frame": "end", "aborted": True})
+                self._record(state, ev.AssistantAttempt(reason="aborted", **self._stream_fields(ref, assembler)))
+            self._record(state, ev.AssistantStream.end_stopped())
             state.streaming = None
         if self.surface.tracks_playback:
             for ref in state.playing:
                 self._played(state, ref, self.surface.delivered(ref))
         state.playing.clear()
         for call in state.pending_calls:
-            self._append(
-                ev.TOOL_RESULT,
-                state,
-                {"tool_call_id": call.id, "name": call.name, "status": ev.ABORTED_BEFORE_DISPATCH,
-                 "error": "the turn was stopped before this call ran"},
-            )
+            self._record(state, ev.ToolResult.not_dispatched(call.id, call.name))
         state.pending_calls.clear()
         if state.step_open:
-            self._append(ev.STEP_END, state, {"outcome": outcome})
+            self._record(state, ev.StepEnd(outcome=outcome))
             state.step_open = False
         self.store.end_turn(self.conversation, state.turn, outcome)
 
@@ -494,5 +494,5 @@ class AgentLoop:
         r = self.provider.route
         return {"provider": r.provider, "model": r.model, "base_url": r.base_url}
 
-    def _append(self, type: str, state: _TurnState, payload: dict[str, Any]) -> None:
-        self.store.append(self.conversation, type, payload, turn=state.turn, step=state.step, attempt=state.attempt)
+    def _record(self, state: _TurnState, body: ev.Body) -> None:
+        self.store.record(self.conversation, body, turn=state.turn, step=state.step, attempt=state.attempt)

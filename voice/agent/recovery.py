@@ -3,7 +3,7 @@
 For every turn without a `turn/end`, in order: a stream that was open gets
 an `assistant/attempt` (its text was never committed) and its end frame;
 dispatched calls without a result get one that states what the receipts
-prove (`_recovered_result`), and a write with no receipt gets an `unknown`
+prove (`ToolResult.recovered_after_crash`), and a write with no receipt gets an `unknown`
 one; committed calls never dispatched get ABORTED_BEFORE_DISPATCH; an open
 step gets `step/end`; the turn ends `interrupted`. Nothing is re-executed.
 Then unknown writes are reconciled where their tool can look. Turns the
@@ -47,14 +47,14 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
             if e.step is not None:
                 last["step"], last["attempt"] = e.step, e.attempt
 
-        def add(type_: str, payload: dict, step=None, attempt=None) -> None:
-            store.append(conversation, type_, payload, turn=turn, step=step, attempt=attempt)
+        def add(body: ev.Body, step=None, attempt=None) -> None:
+            store.record(conversation, body, turn=turn, step=step, attempt=attempt)
 
         open_streams = {}
         for e in events:
             key = (e.step, e.attempt)
             if e.type == ev.ASSISTANT_STREAM:
-                if e.payload.get("frame") == "start":
+                if e.body.frame == "start":
                     open_streams[key] = True
                 else:
                     open_streams.pop(key, None)
@@ -62,60 +62,41 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
                 open_streams[key] = False  # committed, only the end frame is missing
         for (step, attempt), uncommitted in open_streams.items():
             if uncommitted:
-                add(ev.ASSISTANT_ATTEMPT, {"message_id": f"{turn}.{step}.{attempt}", "reason": "crashed",
-                                           "content": [], "stream": []}, step, attempt)
-            add(ev.ASSISTANT_STREAM, {"frame": "end", "aborted": True, "reason": "crashed"}, step, attempt)
+                add(ev.AssistantAttempt(message_id=f"{turn}.{step}.{attempt}", reason="crashed", content=[], stream=[]),
+                    step, attempt)
+            add(ev.AssistantStream.end_stopped("crashed"), step, attempt)
 
         def key(e) -> tuple[int | None, str]:
-            return e.step, e.payload["tool_call_id"]
+            return e.step, e.body.tool_call_id
 
         results = {key(e) for e in events if e.type == ev.TOOL_RESULT}
-        dispatched = {key(e): e for e in events if e.type == ev.TOOL_DISPATCH}
-        receipts = {key(e): e.payload["state"] for e in events
-                    if e.type == ev.EFFECT_RECEIPT and e.payload.get("phase", "dispatch") == "dispatch"}
+        dispatched = {key(e): e.body for e in events if e.type == ev.TOOL_DISPATCH}
+        receipts = {key(e): e.body.state for e in events
+                    if e.type == ev.EFFECT_RECEIPT and e.body.phase == "dispatch"}
         for e in events:
             if e.type != ev.TOOL_CALL or key(e) in results:
                 continue
             results.add(key(e))  # one result per call, even if a provider repeated an id in one message
-            call_id, name = e.payload["tool_call_id"], e.payload["name"]
+            call_id, name = e.body.tool_call_id, e.body.name
             d = dispatched.get(key(e))
             if d is None:
-                add(ev.TOOL_RESULT, {"tool_call_id": call_id, "name": name, "status": ev.ABORTED_BEFORE_DISPATCH,
-                                     "error": "the assistant stopped before this call ran"}, e.step, e.attempt)
+                add(ev.ToolResult.not_dispatched(call_id, name), e.step, e.attempt)
                 continue
-            write = d.payload.get("effect") == "write"
+            write = d.effect == "write"
             receipt = receipts.get(key(e))
             if write and receipt is None:
                 receipt = ev.UNKNOWN
-                add(ev.EFFECT_RECEIPT, {"tool_call_id": call_id, "name": name, "phase": "dispatch",
-                                        "state": ev.UNKNOWN,
-                                        "evidence": {"crashed": "the process stopped between dispatch and receipt"}},
+                add(ev.EffectReceipt(tool_call_id=call_id, name=name, phase="dispatch", state=ev.UNKNOWN,
+                                     evidence={"crashed": "the process stopped between dispatch and receipt"}),
                     e.step, e.attempt)
-            add(ev.TOOL_RESULT, _recovered_result(call_id, name, receipt if write else None), e.step, e.attempt)
+            add(ev.ToolResult.recovered_after_crash(call_id, name, receipt if write else None), e.step, e.attempt)
         starts = sum(1 for e in events if e.type == ev.STEP_START)
         ends = sum(1 for e in events if e.type == ev.STEP_END)
         if starts > ends:
-            add(ev.STEP_END, {"outcome": ev.INTERRUPTED}, last.get("step"), last.get("attempt"))
+            add(ev.StepEnd(outcome=ev.INTERRUPTED), last.get("step"), last.get("attempt"))
         if store.end_turn(conversation, turn, ev.INTERRUPTED, reason="restart"):
             closed.append((conversation, turn))
     return closed
-
-
-def _recovered_result(call_id: str, name: str, receipt: str | None) -> dict:
-    """The result of a call the crash left without one: what its dispatch
-    receipt proves, never more. A confirmed write is reported as done (the
-    model must not be told it was cancelled, or it may do it again)."""
-    base = {"tool_call_id": call_id, "name": name, "receipt": receipt, "recovered": True}
-    if receipt == ev.CONFIRMED:
-        return {**base, "status": "ok", "content": {
-            "done": True, "note": "its receipt confirms it happened; the assistant stopped before it read the output"}}
-    if receipt == ev.FAILED:
-        return {**base, "status": "error",
-                "error": "its receipt says it failed; the assistant stopped before it read the output"}
-    if receipt == ev.UNKNOWN:
-        return {**base, "status": "cancelled",
-                "error": "the assistant stopped before this call finished; it may or may not have happened"}
-    return {**base, "status": "cancelled", "error": "the assistant stopped before this call finished"}
 
 
 async def recover(store: EventStore, tools: ToolRegistry, tool_env) -> RecoveryReport:
@@ -131,7 +112,7 @@ async def recover(store: EventStore, tools: ToolRegistry, tool_env) -> RecoveryR
                 report.reconciled += 1
     if report.closed_turns or report.unknown_writes:
         conversation = report.closed_turns[0][0] if report.closed_turns else (store.latest_conversation() or "")
-        store.append(conversation, ev.RECOVERY, {"closed_turns": [t for _, t in report.closed_turns],
-                                                 "unknown_writes": report.unknown_writes,
-                                                 "reconciled": report.reconciled})
+        store.record(conversation, ev.RuntimeRecovery(closed_turns=[t for _, t in report.closed_turns],
+                                                      unknown_writes=report.unknown_writes,
+                                                      reconciled=report.reconciled))
     return report

@@ -11,20 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice.log import events as ev
-from voice.log.events import Event
+from voice.log.events import Event, blocks_text
 from voice.log.store import EventStore, new_conversation_id
 
 
 def message_text(payload: dict[str, Any]) -> str:
-    return "".join(b.get("text", "") for b in payload.get("content", []) if b.get("type") == "text")
+    """The text of an assistant message's (or attempt's) payload."""
+    return blocks_text(payload.get("content", []))
 
 
-def _played_by_message(events: list[Event]) -> dict[str, dict[str, Any]]:
-    played: dict[str, dict[str, Any]] = {}
-    for e in events:
-        if e.type == ev.SPEECH_PLAYED:
-            played[e.payload["message_id"]] = e.payload
-    return played
+def _played_by_message(events: list[Event]) -> dict[str, ev.SpeechPlayed]:
+    return {e.body.message_id: e.body for e in events if e.type == ev.SPEECH_PLAYED}
 
 
 def _upto(events: list[Event], upto: int | None) -> list[Event]:
@@ -33,15 +30,15 @@ def _upto(events: list[Event], upto: int | None) -> list[Event]:
     return [e for e in events if e.turn is None or e.turn <= upto]
 
 
-def _assistant_entry(e: Event, played: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def _assistant_entry(message: ev.AssistantMessage, played: dict[str, ev.SpeechPlayed]) -> dict[str, Any] | None:
     """An assistant/message as model history sees it: cut to what was heard."""
-    text = message_text(e.payload)
-    interrupted = bool(e.payload.get("interrupted"))
-    heard = played.get(e.payload.get("message_id", ""))
-    if heard is not None and not heard.get("complete"):
-        text = text[: heard["chars"]]
+    text = message.text
+    interrupted = message.interrupted
+    heard = played.get(message.message_id)
+    if heard is not None and not heard.complete:
+        text = text[: heard.chars]
         interrupted = True
-    calls = e.payload.get("tool_calls") or []
+    calls = message.tool_calls or []
     if not text.strip() and not calls:
         return None  # nothing of it reached the person or the tools
     msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -52,22 +49,40 @@ def _assistant_entry(e: Event, played: dict[str, dict[str, Any]]) -> dict[str, A
     return msg
 
 
+@dataclass(frozen=True)
+class History:
+    """A conversation's model history: `messages` as `derive_messages` gives
+    them, and `tool_results`, the structured result behind each "tool"
+    message by its tool_call_id (a provider that acts on results reads their
+    status and receipt there, never the text rendered for a model)."""
+
+    messages: list[dict[str, Any]]
+    tool_results: dict[str, ev.ToolResult] = field(default_factory=dict)
+
+
+def derive_history(store: EventStore, conversation: str, upto: int | None = None) -> History:
+    events = _upto(store.events(conversation, types=ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}), upto)
+    played = _played_by_message(events)
+    history = History([])
+    for e in events:
+        body = e.body
+        if isinstance(body, ev.UserMessage):
+            history.messages.append({"role": "user", "content": body.content})
+        elif isinstance(body, ev.AssistantMessage):
+            msg = _assistant_entry(body, played)
+            if msg is not None:
+                history.messages.append(msg)
+        elif isinstance(body, ev.ToolResult):
+            history.messages.append({"role": "tool", "tool_call_id": body.tool_call_id,
+                                     "content": tool_result_text(body)})
+            history.tool_results[body.tool_call_id] = body  # (a log from before ids were minted: the latest)
+    return history
+
+
 def derive_messages(store: EventStore, conversation: str, upto: int | None = None) -> list[dict[str, Any]]:
     """The model history of a conversation (up to and including turn `upto`):
     a list of {"role", "content", "interrupted"?, "tool_calls"?, "tool_call_id"?}."""
-    events = _upto(store.events(conversation, types=ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}), upto)
-    played = _played_by_message(events)
-    messages: list[dict[str, Any]] = []
-    for e in events:
-        if e.type == ev.USER_MESSAGE:
-            messages.append({"role": "user", "content": e.payload["content"]})
-        elif e.type == ev.ASSISTANT_MESSAGE:
-            msg = _assistant_entry(e, played)
-            if msg is not None:
-                messages.append(msg)
-        elif e.type == ev.TOOL_RESULT:
-            messages.append({"role": "tool", "tool_call_id": e.payload["tool_call_id"], "content": tool_result_text(e.payload)})
-    return messages
+    return derive_history(store, conversation, upto).messages
 
 
 @dataclass(frozen=True)
@@ -82,19 +97,20 @@ class TurnReply:
 def turn_reply(store: EventStore, conversation: str, turn: int) -> TurnReply:
     events = store.events(conversation, turn=turn)
     played = _played_by_message(events)
-    user = next((e.payload["content"] for e in events if e.type == ev.USER_MESSAGE), "")
+    user = next((e.body.content for e in events if e.type == ev.USER_MESSAGE), "")
     generated, delivered, interrupted, outcome = [], [], False, None
     for e in events:
         if e.type == ev.ASSISTANT_MESSAGE:
-            generated.append("".join(d for _, kind, d in e.payload.get("stream", []) if kind == "text").strip())
-            msg = _assistant_entry(e, played)
+            message = e.body
+            generated.append("".join(d for _, kind, d in message.stream or [] if kind == "text").strip())
+            msg = _assistant_entry(message, played)
             if msg is not None and msg["content"].strip():
                 delivered.append(msg["content"].strip())
             interrupted = interrupted or bool(msg and msg.get("interrupted"))
-        elif e.type == ev.ASSISTANT_ATTEMPT and e.payload.get("reason") == "aborted":
+        elif e.type == ev.ASSISTANT_ATTEMPT and e.body.reason == "aborted":
             interrupted = True
         elif e.type == ev.TURN_END:
-            outcome = e.payload.get("outcome")
+            outcome = e.body.outcome
     return TurnReply(user, " ".join(g for g in generated if g), " ".join(delivered), interrupted, outcome)
 
 
@@ -105,17 +121,16 @@ def message_line(m: dict[str, Any]) -> str:
     return f"{m['role']}: {m['content']}{flag}{calls}"
 
 
-def tool_result_text(payload: dict[str, Any]) -> str:
-    status = payload.get("status")
-    if status == "ok":
-        content = payload.get("content")
+def tool_result_text(result: ev.ToolResult) -> str:
+    """A tool result as the model reads it: for a write, what its receipt
+    proves comes first ("confirmed: ...", never "cancelled")."""
+    if result.status == "ok":
+        content = result.content
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        receipt = payload.get("receipt")  # writes: what is known of the effect
-        return f"{receipt}: {text}" if receipt else text
-    receipt = payload.get("receipt")
-    if receipt and status != ev.BLOCKED:  # a dispatched write: what its receipt proves comes first, never "cancelled"
-        return f"{receipt}: {payload.get('error', '')}".strip()
-    return f"{status}: {payload.get('error') or payload.get('content') or ''}".strip()
+        return f"{result.receipt}: {text}" if result.receipt else text
+    if result.receipt and result.status != ev.BLOCKED:
+        return f"{result.receipt}: {result.error or ''}".strip()
+    return f"{result.status}: {result.error or result.content or ''}".strip()
 
 
 def provider_messages(history: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
@@ -138,27 +153,28 @@ def chat_view(store: EventStore, conversation: str) -> list[str]:
     lines = []
     for e in events:
         if e.type == ev.USER_MESSAGE:
-            lines.append(f"you: {e.payload['content']}")
-        elif e.type == ev.USER_STOP and e.payload.get("intent") == "sound":
+            lines.append(f"you: {e.body.content}")
+        elif e.type == ev.USER_STOP and e.body.intent == "sound":
             lines.append("  (a sound stopped the reply)")
         elif e.type == ev.USER_STOP:
-            lines.append(f"you: {e.payload['content']}  ({e.payload.get('intent', 'stop')}: not answered)")
+            lines.append(f"you: {e.body.content}  ({e.body.intent}: not answered)")
         elif e.type == ev.ASSISTANT_MESSAGE:
-            for block in e.payload.get("content", []):
+            message = e.body
+            for block in message.content:
                 if block.get("type") == "reasoning":
                     lines.append(f"  (thinking) {block['text'].strip()}")
-            msg = _assistant_entry(e, played)
+            msg = _assistant_entry(message, played)
             if msg is not None and (msg["content"].strip() or msg.get("interrupted")):
                 stopped = " [stopped]" if msg.get("interrupted") else ""
                 lines.append(f"assistant: {msg['content'].strip()}{stopped}")
-            elif msg is None and e.payload.get("interrupted"):
+            elif msg is None and message.interrupted:
                 lines.append("assistant: [stopped]")
         elif e.type == ev.TOOL_RESULT:
-            lines.append(f"  · {e.payload.get('name', '?')} -> {e.payload.get('status')}")
+            lines.append(f"  · {e.body.name or '?'} -> {e.body.status}")
         elif e.type == ev.TIMER_FIRED:
-            lines.append(f"  [timer] {e.payload.get('text', '')}")
-        elif e.type == ev.TURN_END and e.payload.get("outcome") == ev.ERROR:
-            lines.append(f"  [error: {e.payload.get('error', '')}]")
+            lines.append(f"  [timer] {e.body.text}")
+        elif e.type == ev.TURN_END and e.body.outcome == ev.ERROR:
+            lines.append(f"  [error: {e.body.error or ''}]")
     return lines
 
 
@@ -183,39 +199,48 @@ class RequestRecord:
         return self.__dict__.copy()
 
 
+# The events that say something of a request (a tool call or a receipt of
+# its step adds nothing to its record).
+_TRAJECTORY_TYPES = frozenset({ev.STEP_START, ev.STEP_END, ev.ASSISTANT_STREAM, ev.ASSISTANT_MESSAGE,
+                               ev.ASSISTANT_ATTEMPT, ev.REQUEST_ERROR, ev.TOOL_RESULT, ev.SPEECH_PLAYED})
+
+
 def trajectory(store: EventStore, conversation: str, turn: int) -> tuple[list[RequestRecord], str | None]:
     """Each provider request of a turn with its lifecycle, and the turn's outcome."""
     records: dict[tuple[int, int], RequestRecord] = {}
     outcome = None
     for e in store.events(conversation, turn=turn):
         if e.type == ev.TURN_END:
-            outcome = e.payload.get("outcome")
+            outcome = e.body.outcome
         if e.step is None or e.attempt is None:
             continue
         rec = records.setdefault((e.step, e.attempt), RequestRecord(e.step, e.attempt))
-        route = e.payload.get("route")
+        if e.type not in _TRAJECTORY_TYPES:
+            continue
+        body = e.body
+        route = getattr(body, "route", None)
         if route:
             rec.provider, rec.model = route.get("provider", ""), route.get("model", "")
-        if e.type == ev.ASSISTANT_STREAM and e.payload.get("frame") == "start":
+        if isinstance(body, ev.AssistantStream) and body.frame == "start":
             rec.lifecycle.append("streaming")
-        elif e.type == ev.ASSISTANT_MESSAGE:
-            rec.outcome = "interrupted" if e.payload.get("interrupted") else "result"
+        elif isinstance(body, ev.AssistantMessage):
+            rec.outcome = "interrupted" if body.interrupted else "result"
             rec.result_seq = e.seq
-            rec.tool_calls = [c["function"]["name"] for c in e.payload.get("tool_calls") or []]
+            rec.tool_calls = [c["function"]["name"] for c in body.tool_calls or []]
             if rec.tool_calls:
                 rec.lifecycle.append("tool calls: " + ", ".join(rec.tool_calls))
             rec.lifecycle.append(rec.outcome)
-        elif e.type == ev.ASSISTANT_ATTEMPT:
-            rec.outcome = e.payload.get("reason", "attempt")
+        elif isinstance(body, ev.AssistantAttempt):
+            rec.outcome = body.reason or "attempt"
             rec.result_seq = e.seq
             rec.lifecycle.append(f"attempt ({rec.outcome})")
-        elif e.type == ev.REQUEST_ERROR:
-            rec.outcome, rec.error = "error", e.payload.get("message")
+        elif isinstance(body, ev.RequestError):
+            rec.outcome, rec.error = "error", body.message
             rec.lifecycle.append(f"error: {rec.error}")
-        elif e.type == ev.TOOL_RESULT:
-            rec.lifecycle.append(f"tool {e.payload.get('name')}: {e.payload.get('status')}")
-        elif e.type == ev.SPEECH_PLAYED and not e.payload.get("complete"):
-            rec.lifecycle.append(f"played {e.payload.get('words')} words, then stopped")
+        elif isinstance(body, ev.ToolResult):
+            rec.lifecycle.append(f"tool {body.name}: {body.status}")
+        elif isinstance(body, ev.SpeechPlayed) and not body.complete:
+            rec.lifecycle.append(f"played {body.words} words, then stopped")
     return [records[k] for k in sorted(records)], outcome
 
 
@@ -239,5 +264,5 @@ def fork(store: EventStore, conversation: str, turn: int) -> str:
     keep = [e for e in events if e.turn is not None and e.turn <= turn]
     new = new_conversation_id()
     store.copy_events(keep, new)
-    store.append(new, ev.CONVERSATION_FORK, {"parent": conversation, "turn": turn})
+    store.record(new, ev.ConversationFork(parent=conversation, turn=turn))
     return new

@@ -32,7 +32,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from voice.log.events import DURABLE_TYPES, EVENT_TYPES, RECOVERY, TURN_END, TURN_START, Event, encode_payload
+from voice.log.events import (
+    BODIES,
+    DURABLE_TYPES,
+    EVENT_TYPES,
+    TURN_END,
+    Body,
+    Event,
+    RuntimeRecovery,
+    TurnEnd,
+    TurnStart,
+    UNSET,
+    encode_payload,
+)
+from voice.log.feed import DEFAULT_BUFFER, EventFeed, Subscription
 from voice.log.wal import find_damage, in_use
 
 SCHEMA_VERSION = 3
@@ -108,12 +121,18 @@ class LogDamaged(ValueError):
 
 
 class EventStore:
-    """Append and read events. One instance per process; safe to use from
+    """Record and read events. One instance per process; safe to use from
     the event loop thread (an append is well under a millisecond; one of
-    `DURABLE_TYPES` waits for its fsync, a few milliseconds)."""
+    `DURABLE_TYPES` waits for its fsync, a few milliseconds).
+
+    Writers record typed bodies: `record(conversation, body, turn=, step=,
+    attempt=)`. `append(conversation, type, payload, ...)` is the older,
+    untyped path, kept until every writer records bodies. Every committed
+    row is also handed to the store's subscribers (`subscribe()`)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.feed = EventFeed()
         _prepare(self.path)
         self._db = _open(self.path)
         try:
@@ -157,9 +176,33 @@ class EventStore:
             self._db.executescript("BEGIN;" + _MIGRATIONS[target] + f"PRAGMA user_version={target}; COMMIT;")
 
     def close(self) -> None:
+        self.feed.close()
         self._db.close()
 
+    def subscribe(self, max_buffer: int = DEFAULT_BUFFER) -> Subscription:
+        """Every event committed from now on (see voice.log.feed), as a
+        context manager: `with store.subscribe() as events: async for ...`."""
+        return self.feed.subscribe(max_buffer)
+
     # -- writing -----------------------------------------------------------
+
+    def record(
+        self,
+        conversation: str,
+        body: Body,
+        *,
+        turn: int | None = None,
+        step: int | None = None,
+        attempt: int | None = None,
+    ) -> Event:
+        """Commit one event. Raises DuplicateTerminal (DuplicateTurnEnd) when
+        the database refuses a second terminal event for a call (a turn)."""
+        if BODIES.get(body.TYPE) is not type(body):
+            raise ValueError(f"not an event body: {body!r}")
+        event = self._insert(conversation, body.TYPE, body.payload(), turn, step, attempt)
+        event.__dict__["_body"] = body  # (what `Event.body` would parse back)
+        self.feed.publish(event)
+        return event
 
     def append(
         self,
@@ -171,9 +214,15 @@ class EventStore:
         step: int | None = None,
         attempt: int | None = None,
     ) -> Event:
+        """The untyped path (deprecated): `record` a body instead."""
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
-        payload = payload or {}
+        event = self._insert(conversation, type, payload or {}, turn, step, attempt)
+        self.feed.publish(event)
+        return event
+
+    def _insert(self, conversation: str, type: str, payload: dict[str, Any], turn: int | None, step: int | None,
+                attempt: int | None) -> Event:
         text = encode_payload(payload)
         at_mono, at_wall = time.monotonic(), time.time()
         durable = type in DURABLE_TYPES
@@ -195,28 +244,33 @@ class EventStore:
                 self._db.execute("PRAGMA synchronous=NORMAL")
         return Event(cur.lastrowid, conversation, turn, step, attempt, type, payload, at_mono, at_wall)
 
-    def start_turn(self, conversation: str, payload: dict[str, Any]) -> int:
-        """Allocate a new turn id (global, increasing) and log `turn/start`."""
+    def start_turn(self, conversation: str, start: TurnStart | dict[str, Any]) -> int:
+        """Allocate a new turn id (global, increasing) and log `turn/start`
+        (a dict is the untyped path's payload)."""
+        payload = start.payload() if isinstance(start, TurnStart) else start
+        at_mono, at_wall = time.monotonic(), time.time()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             (last,) = self._db.execute("SELECT COALESCE(MAX(turn), 0) FROM events").fetchone()
             turn = last + 1
-            self._db.execute(
+            cur = self._db.execute(
                 "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
                 " VALUES (?,?,?,?,?,?,?,?)",
-                (conversation, turn, None, None, TURN_START, encode_payload(payload), time.monotonic(), time.time()),
+                (conversation, turn, None, None, TurnStart.TYPE, encode_payload(payload), at_mono, at_wall),
             )
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        self.feed.publish(Event(cur.lastrowid, conversation, turn, None, None, TurnStart.TYPE, payload, at_mono, at_wall))
         return turn
 
-    def end_turn(self, conversation: str, turn: int, outcome: str, **details: Any) -> bool:
+    def end_turn(self, conversation: str, turn: int, outcome: str, *, reason: str = UNSET,
+                 error: str = UNSET) -> bool:
         """Log the turn's one terminal outcome. Returns False (and writes
         nothing) when the turn had already ended: the first outcome wins."""
         try:
-            self.append(conversation, TURN_END, {"outcome": outcome, **details}, turn=turn)
+            self.record(conversation, TurnEnd(outcome=outcome, reason=reason, error=error), turn=turn)
         except DuplicateTurnEnd:
             return False
         return True
@@ -224,20 +278,23 @@ class EventStore:
     def copy_events(self, events: list[Event], conversation: str) -> None:
         """Copy events into another conversation (forks), keeping their ids,
         payloads and times, in one transaction."""
+        copies = []
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.executemany(
-                "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                [
-                    (conversation, e.turn, e.step, e.attempt, e.type, encode_payload(e.payload), e.at_mono, e.at_wall)
-                    for e in events
-                ],
-            )
+            for e in events:
+                cur = self._db.execute(
+                    "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
+                    " VALUES (?,?,?,?,?,?,?,?)",
+                    (conversation, e.turn, e.step, e.attempt, e.type, encode_payload(e.payload), e.at_mono, e.at_wall),
+                )
+                copies.append(Event(cur.lastrowid, conversation, e.turn, e.step, e.attempt, e.type, e.payload,
+                                    e.at_mono, e.at_wall))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        for copy in copies:
+            self.feed.publish(copy)
 
     # -- reading -----------------------------------------------------------
 
@@ -359,8 +416,9 @@ def _open(path: Path) -> sqlite3.Connection:
             db.execute(
                 "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
                 " VALUES (?,?,?,?,?,?,?,?)",
-                (last[0] if last else "", None, None, None, RECOVERY,
-                 encode_payload({"log_damage": damage.reason, "lost_commits": damage.lost_commits, "copy": str(copy)}),
+                (last[0] if last else "", None, None, None, RuntimeRecovery.TYPE,
+                 encode_payload(RuntimeRecovery(log_damage=damage.reason, lost_commits=damage.lost_commits,
+                                                copy=str(copy)).payload()),
                  time.monotonic(), time.time()),
             )
     finally:

@@ -31,6 +31,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,8 +39,9 @@ import anyio
 from anyio.abc import ByteStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from voice.errors import Failed, UsageError
 from voice.agent.loop import TurnResult
+from voice.errors import Failed, UsageError
+from voice.log.feed import follow as follow_log
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
 from voice.paths import state_dir
@@ -293,13 +295,16 @@ class ControlServer:
         after = after if after is not None else self.assistant.store.last_seq()
         follow = request.get("follow", True) is not False
         await self._send(stream, {"ok": True, "streaming": "events", "after": after, "follow": follow})
-        while True:  # until the client leaves (the send fails), the daemon stops, or all is sent
-            for event in self.assistant.store.events(after_seq=after):
+        store = self.assistant.store
+        if not follow:
+            for event in store.events(after_seq=after):
                 await self._send(stream, event.to_json())
-                after = event.seq
-            if not follow:
-                return
-            await anyio.sleep(0.1)
+            return
+        # Fed in process as each event is committed (no poll of the log); until the
+        # client leaves (the send fails) or the daemon stops (the feed ends).
+        async with aclosing(follow_log(store, after)) as events:
+            async for event in events:
+                await self._send(stream, event.to_json())
 
 
 async def request(path: Path, payload: dict[str, Any], show: Callable[[dict[str, Any]], None], *,

@@ -4,6 +4,7 @@ the daemon's JSON lines with --json; and which replies are failures."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,10 @@ def _history(r: dict[str, Any]) -> list[str]:
 
 
 def _event(r: dict[str, Any]) -> list[str]:
-    if "streaming" in r:  # the stream's header
+    if "streaming" in r:  # the stream's header: said once, on stderr (stdout is the events alone)
+        if r.get("follow"):
+            print(f"following the log after #{r.get('after')}: each event as it is written (Ctrl-C stops)",
+                  file=sys.stderr, flush=True)
         return []
     turn = f" turn {r['turn']}" if r.get("turn") is not None else ""
     return [f"#{r.get('seq')}{turn} {r.get('type')} {json.dumps(r.get('payload'), ensure_ascii=False)}"]

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from voice.agent.loop import AgentLoop
 from voice.audio.playback import PlaybackBuffer
-from voice.log import events as ev
+from voice.log.events import Body, SpeechPaused, SpeechResumed
 from voice.speech.judge import BargeInJudge, is_backchannel, stop_intent
 
-# (event type, payload, turn) -> the log
-Log = Callable[[str, dict[str, Any], int | None], None]
+# (event body, turn) -> the log
+Log = Callable[[Body, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class BargeInController:
         self.judge.start(onset)
         self.buffer.request_pause()
         self._pause_turn = self.agent.current_turn
-        self._log(ev.SPEECH_PAUSED, {"onset": onset}, self._pause_turn)
+        self._log(SpeechPaused(onset=onset), self._pause_turn)
         return True
 
     def block(self, samples: int, voiced: bool, position: int, speaking: bool) -> bool:
@@ -161,7 +160,7 @@ class BargeInController:
             return False
         if verdict == "resume":
             self.buffer.request_resume()
-            self._log(ev.SPEECH_RESUMED, {"onset": onset, "reason": reason}, self._pause_turn)
+            self._log(SpeechResumed(onset=onset, reason=reason), self._pause_turn)
             return False
         if self.agent.busy:
             self._on_cut(onset)

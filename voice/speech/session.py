@@ -35,6 +35,7 @@ from voice.agent.loop import AgentLoop, TurnResult
 from voice.agent.surface import UnitRef
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.log import events as ev
+from voice.log.events import Body, LateOutput
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.barge_in import BargeInController
@@ -195,12 +196,12 @@ class VoiceSession:
     def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
         if ref.conversation != self.conversation:
             return  # the assistant's own notices are not part of any turn
-        self.store.append(self.conversation, ev.LATE_OUTPUT, {"kind": kind, "message_id": ref.message_id, **info},
+        self.store.record(self.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
                           turn=ref.turn, step=ref.step, attempt=ref.attempt)
 
-    def log_speech(self, type_: str, payload: dict[str, Any], turn: int | None) -> None:
+    def log_speech(self, body: Body, turn: int | None) -> None:
         """speech/paused and speech/resumed, for the barge-in controller."""
-        self.store.append(self.conversation, type_, payload, turn=turn)
+        self.store.record(self.conversation, body, turn=turn)
 
     # -- the control API (voice.service.control.Assistant) -------------------
 

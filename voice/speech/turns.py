@@ -24,6 +24,7 @@ import anyio
 from voice.agent.loop import AgentLoop, TurnResult
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev
+from voice.log.events import UserStop
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
 
@@ -159,6 +160,6 @@ class TurnRunner:
     def _record_stop(self, request: Request) -> None:
         """The person's stop: a record of what they said, in no turn of its
         own (it is not a request), filed under the turn it stopped."""
-        self.store.append(self.conversation, ev.USER_STOP,
-                          {"content": request.text, "source": request.source, "intent": request.stop,
-                           "stopped_turn": request.stopped_turn}, turn=request.stopped_turn)
+        self.store.record(self.conversation, UserStop(content=request.text, source=request.source,
+                                                      intent=request.stop, stopped_turn=request.stopped_turn),
+                          turn=request.stopped_turn)

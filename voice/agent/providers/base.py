@@ -12,9 +12,11 @@ agent loop does in a `finally`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from voice.log.events import ToolResult
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,12 @@ class ProviderRoute:
 
 @dataclass(frozen=True)
 class ModelRequest:
-    messages: Sequence[dict[str, Any]]
+    messages: Sequence[dict[str, Any]]  # OpenAI-style chat messages: what a model reads
     tools: Sequence[dict[str, Any]] = field(default_factory=tuple)
+    # The structured result behind each "tool" message, by its tool_call_id:
+    # a provider that acts on results (the skills provider) reads their
+    # status and receipt here, never the text rendered for a model.
+    tool_results: Mapping[str, ToolResult] = field(default_factory=dict)
 
 
 @runtime_checkable

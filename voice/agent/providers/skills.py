@@ -26,14 +26,16 @@ stream: the loop holds it until the write's receipt confirms it.
 
 After tool results (possibly followed by that released confirmation) the
 reply reads them out: the time, the timers, the notes, or plainly why a call
-did not work; a confirmed write gets no further text.
+did not work; a confirmed write gets no further text. Results are read from
+their structured form (`ModelRequest.tool_results`: status, receipt,
+content), never from the text rendered for a model.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -42,13 +44,14 @@ from num2words import num2words
 from voice.agent.providers.base import Delta, Finish, ModelRequest, ProviderRoute, TextDelta, ToolCallDelta
 from voice.agent.providers.scripted import split_words
 from voice.agent.tools.timers import join_words as _join, spoken_duration
+from voice.log import events as ev
+from voice.log.events import ToolResult
 
 # Spoken, so short and plain: no paths, keys or markup. Where to set up a
 # language model is printed once at start-up (voice.agent.providers.open_provider).
 HINT = "Sorry, I need a language model for that. Without one I do timers, notes and the time."
 # Writes whose confirmation text is streamed right after the call.
 CONFIRMED_WRITES = {"set_timer", "cancel_timer", "add_note", "run_command"}
-FAILURE = re.compile(r"^\s*(?:(error|cancelled|blocked|unknown|failed):|(ABORTED_BEFORE_DISPATCH)\b:?)\s*(.*)$", re.S)
 _NO_TIMERS, _NO_NOTES = "Timers are not available right now.", "Notes are not available right now."
 SKILLS = {  # tool: (what doing it is called, what to say when the request lacks the tool)
     "get_time": ("getting the time", "Telling the time is not available right now."),
@@ -186,7 +189,7 @@ class SkillsProvider:
         calls: list[tuple[str, dict[str, Any]]] = []
         text = ""
         if k and messages[k - 1].get("role") == "tool":
-            text = self._read_results(messages[:k])
+            text = self._read_results(messages[:k], request.tool_results)
         elif k == len(messages) and messages and messages[-1].get("role") == "user":
             available = {t.get("function", {}).get("name") for t in request.tools}
             calls, text = self._answer(_content(messages[-1]), messages[:-1], available)
@@ -256,8 +259,9 @@ class SkillsProvider:
 
     # -- tool results -------------------------------------------------------
 
-    def _read_results(self, messages: Sequence[dict[str, Any]]) -> str:
-        """Read out the tool results that follow the last assistant message."""
+    def _read_results(self, messages: Sequence[dict[str, Any]], results: Mapping[str, ToolResult]) -> str:
+        """Read out the tool results that follow the last assistant message,
+        from their structured form (status, receipt, content)."""
         k = len(messages)
         while k > 0 and messages[k - 1].get("role") == "tool":
             k -= 1
@@ -265,22 +269,27 @@ class SkillsProvider:
         for m in messages[:k]:  # later calls win if an id repeats
             for c in m.get("tool_calls") or []:
                 names[c.get("id", "")] = (c.get("function") or {}).get("name", "")
-        spoken = [self._read_result(names.get(m.get("tool_call_id", ""), ""), _content(m)) for m in messages[k:]]
+        spoken = []
+        for m in messages[k:]:
+            call_id = m.get("tool_call_id", "")
+            spoken.append(self._read_result(names.get(call_id, ""), results.get(call_id)))
         return " ".join(t for t in spoken if t)
 
     @staticmethod
-    def _read_result(name: str, content: str) -> str:
+    def _read_result(name: str, result: ToolResult | None) -> str:
         action = SKILLS.get(name, ("that",))[0]
-        if (failed := FAILURE.match(content)) is not None:
-            kind, why = failed[1] or failed[2], _reason(failed[3])
-            if kind == "blocked" and "did happen" in why:
+        if result is None:  # a request that came without its results: claim nothing
+            return f"Sorry, I could not tell what came of {action}."
+        content = result.content if isinstance(result.content, str) else json.dumps(result.content, ensure_ascii=False)
+        if (kind := _failure(result)) is not None:
+            why = _reason(result.error or content if result.status != "ok" else content)
+            if kind == ev.BLOCKED and result.blocked_outcome == ev.CONFIRMED:
                 return f"I did not repeat {action}: it was already done."
-            if kind == "blocked":
+            if kind == ev.BLOCKED:
                 return f"I did not try {action} again, because an earlier try may or may not have worked."
-            if kind == "unknown":
+            if kind == ev.UNKNOWN:
                 return f"Sorry, I could not confirm {action}" + (f": {why}." if why else ".")
             return f"Sorry, {action} did not work" + (f": {why}." if why else ".")
-        content = content.removeprefix("confirmed:").strip()  # a write's receipt
         if name in CONFIRMED_WRITES:
             return ""  # its confirmation was already spoken after its receipt
         try:
@@ -296,6 +305,17 @@ class SkillsProvider:
             if isinstance(items, list):
                 return _summarise(items, key, count if isinstance(count, int) else len(items))
         return f"Here is what I found: {content}"
+
+
+def _failure(result: ToolResult) -> str | None:
+    """How a result failed, or None when it did what was asked: a write's
+    receipt (failed, unknown) comes first, then the result's own status
+    (error, cancelled, blocked, ABORTED_BEFORE_DISPATCH)."""
+    if result.status == "ok":
+        return result.receipt if result.receipt in (ev.FAILED, ev.UNKNOWN) else None
+    if result.receipt and result.status != ev.BLOCKED:
+        return result.receipt
+    return result.status
 
 
 def _reason(text: str) -> str:

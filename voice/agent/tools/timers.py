@@ -65,19 +65,19 @@ class TimerService:
     def active(self) -> list[Timer]:
         timers: dict[str, Timer] = {}
         for e in self.store.events(types={ev.TIMER_SET, ev.TIMER_CANCEL, ev.TIMER_FIRED}):
-            p = e.payload
-            if e.type == ev.TIMER_SET:
-                timers[p["timer_id"]] = Timer(p["timer_id"], p.get("label", ""), p["seconds"], p["due_wall"],
-                                              e.conversation, p.get("tool_call_id"))
+            body = e.body
+            if isinstance(body, ev.TimerSet):
+                timers[body.timer_id] = Timer(body.timer_id, body.label, body.seconds, body.due_wall, e.conversation,
+                                              body.tool_call_id)
             else:
-                timers.pop(p["timer_id"], None)
+                timers.pop(body.timer_id, None)
         return sorted(timers.values(), key=lambda t: t.due_wall)
 
     def set(self, seconds: int, label: str, conversation: str, turn: int | None, tool_call_id: str | None) -> tuple[Timer, int]:
         timer = Timer("t-" + uuid.uuid4().hex[:8], label, seconds, self.clock() + seconds, conversation, tool_call_id)
-        event = self.store.append(conversation, ev.TIMER_SET, {
-            "timer_id": timer.timer_id, "label": label, "seconds": seconds, "due_wall": timer.due_wall,
-            "tool_call_id": tool_call_id}, turn=turn)
+        event = self.store.record(conversation, ev.TimerSet(timer_id=timer.timer_id, label=label, seconds=seconds,
+                                                            due_wall=timer.due_wall, tool_call_id=tool_call_id),
+                                  turn=turn)
         self._poke()
         return timer, event.seq
 
@@ -86,7 +86,7 @@ class TimerService:
         if not matching:
             return None
         timer = matching[-1]  # the most recently due of the matching ones
-        self.store.append(conversation, ev.TIMER_CANCEL, {"timer_id": timer.timer_id}, turn=turn)
+        self.store.record(conversation, ev.TimerCancel(timer_id=timer.timer_id), turn=turn)
         self._poke()
         return timer
 
@@ -114,15 +114,15 @@ class TimerService:
 
     async def _fire(self, timer: Timer, late: bool) -> None:
         if timer.timer_id not in {t.timer_id for t in self.active()}:  # cancelled meanwhile: no authority
-            self.store.append(timer.conversation, ev.LATE_OUTPUT, {"kind": "timer", "timer_id": timer.timer_id})
+            self.store.record(timer.conversation, ev.LateOutput(kind="timer", timer_id=timer.timer_id))
             return
         if late:
             ago = max(0, round(self.clock() - timer.due_wall))
             text = f"Your {timer.describe()} went off {spoken_duration(ago)} ago, while I was not running."
         else:
             text = f"Your {timer.describe()} is done."
-        self.store.append(timer.conversation, ev.TIMER_FIRED, {"timer_id": timer.timer_id, "late": late,
-                                                               "at_wall": self.clock(), "text": text})
+        self.store.record(timer.conversation, ev.TimerFired(timer_id=timer.timer_id, late=late, at_wall=self.clock(),
+                                                            text=text))
         await self.announce(text)
 
 
@@ -149,9 +149,8 @@ async def _set_timer(args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
 async def _reconcile_set(args: dict[str, Any], dispatch: dict[str, Any], ctx: ToolContext) -> Receipt:
     service = _service(ctx)
     for e in service.store.events(types={ev.TIMER_SET}):
-        if (e.payload.get("tool_call_id"), e.conversation, e.turn) == (dispatch.get("tool_call_id"), ctx.conversation,
-                                                                       ctx.turn):
-            return Receipt("confirmed", {"timer_id": e.payload["timer_id"], "seq": e.seq})
+        if (e.body.tool_call_id, e.conversation, e.turn) == (dispatch.get("tool_call_id"), ctx.conversation, ctx.turn):
+            return Receipt("confirmed", {"timer_id": e.body.timer_id, "seq": e.seq})
     return Receipt("failed", {"reason": "no timer/set event for this call"})
 
 
