@@ -318,10 +318,11 @@ def test_a_shutdown_is_bounded_even_when_the_pipeline_cannot_drain(tmp_path):
     config = default_config()
     config["service"]["shutdown_s"] = 0.4
     o = run_timeline(Timeline(
-        clips=[at(0.5, "what_time.wav", "What time is it?", compute_s=1.0)],
+        clips=[at(0.5, "what_time.wav", "What time is it?", compute_s=1.5)],
         replies=[{"text": "It is noon."}], shutdown_when=lambda s: s.parts.transcribe.busy,
         leaves_tasks="pipecat cannot end its tasks while a recogniser thread it waits on runs: the bound wins",
     ), tmp_path, config)
     assert o.stt.transcribed == ["what_time.wav"]
-    assert o.shutdown_took is not None and o.shutdown_took <= 0.4 + 0.05, o.shutdown_took
+    # (waiting for the recogniser would take 1.5 s; the slack is the loop's own latency under load)
+    assert o.shutdown_took is not None and o.shutdown_took <= 0.4 + 0.3, o.shutdown_took
     assert not o.events and not o.requests
