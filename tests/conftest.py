@@ -1,11 +1,16 @@
 """Shared fixtures: the asyncio backend (pipecat is asyncio), a real SQLite
-log in tmp_path, scripted providers and a helper that cancels a turn when a
-condition on what was delivered holds."""
+log in tmp_path, scripted providers, a helper that cancels a turn when a
+condition on what was delivered holds, and the leak checks every test gets
+(no thread or task left running after it)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import io
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +24,8 @@ from voice.agent.providers.scripted import ScriptedProvider, parse_replies  # no
 from voice.agent.tools import ToolRegistry, default_tools  # noqa: E402
 from voice.log.store import EventStore  # noqa: E402
 from voice.surfaces.text import TextSurface  # noqa: E402
+
+from leaks import describe_tasks, describe_threads, tasks_left, threads_left  # noqa: E402
 
 
 @pytest.fixture
@@ -77,3 +84,64 @@ async def run_and_cancel_when(
                 await anyio.sleep(0.001)
         assert agent.cancel(), "no turn was running at the cancel point"
     return results[0]
+
+
+# -- leaks: no test leaves a thread or a task running behind it ---------------
+#
+# A thread the test started must have ended by the time the test is torn
+# down (after a short grace: executor workers of a closed loop exit once
+# their queue is shut down). An asyncio task an async test started must have
+# ended when the test's coroutine returns, while its loop still runs (the
+# anyio runner would otherwise cancel it silently as it closes the loop).
+# A test that leaves a thread by design says so, with the reason:
+#     @pytest.mark.leaves_thread("stdin-reader", reason="...")
+
+THREAD_GRACE_S = 2.0
+TASK_GRACE_S = 0.5
+# Threads a library keeps for the life of the process by design, started by
+# whichever test first needs them: not a leak of the code under test.
+PROCESS_THREADS = {
+    "tqdm_monitor": "tqdm's monitor of progress bars (model loading shows one), one per process, a daemon",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "leaves_thread(name, reason=...): the test may leave a thread of that name running, and why")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads(request: pytest.FixtureRequest):
+    before = set(threading.enumerate())
+    yield
+    marks = list(request.node.iter_markers("leaves_thread"))
+    for m in marks:
+        assert m.kwargs.get("reason"), f"leaves_thread({m.args[0]!r}) needs a reason="
+    left = threads_left(before, THREAD_GRACE_S, frozenset(PROCESS_THREADS) | {m.args[0] for m in marks})
+    if left:
+        pytest.fail(f"the test left {len(left)} thread(s) running: {describe_threads(left)}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    """Async tests (run by anyio's plugin) are checked for tasks they leave,
+    before the plugin closes their loop."""
+    test = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(test) or "anyio_backend" not in pyfuncitem.funcargs:
+        return (yield)
+
+    @functools.wraps(test)
+    async def checked(**kwargs: Any) -> None:
+        before = asyncio.all_tasks()
+        await test(**kwargs)
+        left = await tasks_left(before, TASK_GRACE_S)
+        if left:
+            for task in left:
+                task.cancel()
+            pytest.fail(f"the test left {len(left)} task(s) running: {describe_tasks(left)}", pytrace=False)
+
+    pyfuncitem.obj = checked
+    try:
+        return (yield)
+    finally:
+        pyfuncitem.obj = test

@@ -111,6 +111,16 @@ class ListenProcessor(FrameProcessor):
         else:
             await self.push_frame(frame, direction)
 
+    async def cleanup(self) -> None:
+        """At the pipeline's teardown."""
+        await super().cleanup()
+        await self.release_vad()
+
+    async def release_vad(self) -> None:
+        """The VAD analyzer runs its model on a thread of its own, which
+        outlives the session unless released. Idempotent."""
+        await self._vad.cleanup()
+
     async def _listen(self, audio: bytes) -> None:
         n = len(audio) // 2
         if self.muted:

@@ -14,7 +14,8 @@ in its own module:
 Shutdown (the device ended, or the caller cancelled): the turn queue is
 closed first (nothing queued starts), the running turn is cancelled
 `interrupted` (its heard prefix is recorded), then an EndFrame drains the
-pipeline so pipecat closes its own tasks; all of it shielded, within
+pipeline so pipecat closes its own tasks (one that does not drain in time
+is cancelled through pipecat's runner); all of it shielded, within
 `shutdown_s`.
 """
 
@@ -123,10 +124,16 @@ class VoiceSession:
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
 
         runner_done = anyio.Event()
+        # pipecat is ended through its own API (an EndFrame, else runner.cancel()),
+        # never by our cancellation: its teardown awaits would each be cancelled
+        # again (anyio cancels at every await, asyncio once) and leave its bus
+        # tasks running. Shielded, and cancelled directly only as a last resort.
+        pipeline_scope = anyio.CancelScope(shield=True)
 
         async def run_pipeline() -> None:
             try:
-                await runner.run()
+                with pipeline_scope:
+                    await runner.run()
             finally:
                 runner_done.set()
 
@@ -138,19 +145,28 @@ class VoiceSession:
             tg.start_soon(run_pipeline)
             tg.start_soon(p.turns.run)
             tg.start_soon(report_listening)
-            if self.announcer is not None:
-                await self.announcer.attach(p.surface.notice)
-            try:
+            try:  # from here on the shutdown below always runs: the shielded pipeline needs it to end
+                if self.announcer is not None:
+                    await self.announcer.attach(p.surface.notice)
                 await self.device.run(on_mic)
             finally:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.shutdown_s):
-                    if self.announcer is not None:
-                        self.announcer.detach()
-                    p.turns.close()
-                    p.agent.cancel(ev.INTERRUPTED)
-                    await p.agent.wait_idle()
-                    await worker.queue_frame(EndFrame())
-                    await runner_done.wait()
+                with anyio.CancelScope(shield=True):
+                    # All of it within shutdown_s: a share is kept for cutting the pipeline short.
+                    reserve = min(1.0, self.settings.shutdown_s / 4)
+                    with anyio.move_on_after(self.settings.shutdown_s - reserve):
+                        if self.announcer is not None:
+                            self.announcer.detach()
+                        p.turns.close()
+                        p.agent.cancel(ev.INTERRUPTED)
+                        await p.agent.wait_idle()
+                        await worker.queue_frame(EndFrame())
+                        await runner_done.wait()
+                    if not runner_done.is_set():  # the pipeline did not drain in time: cut it short
+                        await runner.cancel("shutdown bound reached")
+                        with anyio.move_on_after(reserve):
+                            await runner_done.wait()
+                        pipeline_scope.cancel()  # pipecat's own tasks may be left; its VAD thread is not
+                        await p.listen.release_vad()
                 tg.cancel_scope.cancel()
 
     def idle(self) -> bool:
@@ -190,8 +206,11 @@ class VoiceSession:
         heard = await p.barge_in.heard(frame.text, frame.start, frame.doubtful, p.surface.speaking_text())
         if heard is None:
             return
-        await p.turns.submit(Request(heard.text, "voice", frame.start, frame.end, frame.stt_s, stop=heard.stop,
-                                     stopped_turn=heard.stopped_turn))
+        try:
+            await p.turns.submit(Request(heard.text, "voice", frame.start, frame.end, frame.stt_s, stop=heard.stop,
+                                         stopped_turn=heard.stopped_turn))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):  # words that arrive as the session ends
+            self.ignored(f"{heard.text!r} was heard while shutting down")
 
     def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
         if ref.conversation != self.conversation:

@@ -110,16 +110,29 @@ class TurnRunner:
 
     async def run(self) -> None:
         """Answer requests until closed (or cancelled: a turn then closes
-        `interrupted`, with its heard prefix recorded, and is printed)."""
+        `interrupted`, with its heard prefix recorded, and is printed).
+        However it ends, what is still queued never starts, and whoever
+        waits on it is told so (`say` raises ClosedResourceError)."""
         async with self._receive:
-            async for request in self._receive:
-                try:
-                    if not self._closed:  # once closed, what is still queued never starts
-                        await self._handle(request)
-                finally:
-                    self.waiting -= 1
-                    if request.done is not None:
-                        request.done.set()
+            try:
+                async for request in self._receive:
+                    try:
+                        if not self._closed:  # once closed, what is still queued never starts
+                            await self._handle(request)
+                    finally:
+                        self._done(request)
+            finally:
+                self.close()
+                while True:
+                    try:
+                        self._done(self._receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+
+    def _done(self, request: Request) -> None:
+        self.waiting -= 1
+        if request.done is not None:
+            request.done.set()
 
     async def _handle(self, request: Request) -> None:
         if request.stop != "sound":
