@@ -110,16 +110,13 @@ class PositionedStore(EventStore):
         super().__init__(path)
         self.device = device
         self.positions: dict[int, int] = {}  # seq -> device position (samples) when it was written
+        publish = self.feed.publish  # every commit, however it was written, passes here
 
-    def append(self, *args: Any, **kwargs: Any) -> Event:
-        event = super().append(*args, **kwargs)
-        self.positions[event.seq] = self.device.position
-        return event
+        def noted(event: Event) -> None:
+            self.positions[event.seq] = self.device.position
+            publish(event)
 
-    def start_turn(self, conversation: str, payload: dict[str, Any]) -> int:
-        turn = super().start_turn(conversation, payload)
-        self.positions[self.last_seq()] = self.device.position
-        return turn
+        self.feed.publish = noted  # type: ignore[method-assign]
 
 
 @dataclass
