@@ -62,7 +62,7 @@ def test_the_event_vocabulary_imports_nothing_of_ours():
 
 def test_nothing_points_outside_the_repository():
     """A clone has nothing beside it: every file the project needs is in it."""
-    outside = ["../" + "shared", "shared/" + "DESIGN", "shared/" + "tools"]  # (not spelled out: this file is searched too)
+    outside = ["shared" + "/"]  # the issue's own check; not spelled out, as this file is searched too
     out = subprocess.run(["git", "grep", "-n", "-I", *(a for p in outside for a in ("-e", p)), "--", ".", ":!.ci"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode in (0, 1), out.stderr  # 1: nothing found
