@@ -275,11 +275,14 @@ def test_own_echo_never_stops_the_reply(replays, name):
 
 
 def test_without_echo_cancellation_it_cuts_itself_off(replays):
-    """The same echo with AEC off: the self-interruption the feature prevents."""
+    """The same echo with AEC off: the self-interruption the feature prevents.
+    Its own words pause the reply again and again (since #12 the judge hears
+    the echo as doubtful words and resumes rather than answering them), so
+    the reply never completes."""
     out = replays("echo_no_aec")
     turns = summary(out)["turns"]
-    assert turns[0]["status"] == ev.ABORTED and turns[0]["delivered_text"] != turns[0]["generated_text"]
-    assert len(turns) > 1  # its own words came back as "user" utterances
+    assert turns[0]["status"] != ev.COMPLETED and turns[0]["delivered_text"] != turns[0]["generated_text"]
+    assert len(_speech_events(out, ev.SPEECH_PAUSED)) >= 2  # paused by its own voice, more than once
     assert summary(out)["device"]["echo_cancellation"] is False
 
 
