@@ -8,6 +8,11 @@ reach the VAD), so a stalled pipeline is restarted by systemd, not kept
 alive by a healthy-looking process; STOPPING=1 on SIGTERM/SIGINT, then the
 cancellation protocol (the turn is closed `interrupted` with its delivered
 prefix recorded, tools terminated) and exit 0 within `shutdown_s`.
+
+Recording (voice.audio.recording, voice.service.recording): with `--record
+DIR` the whole session's sound goes to DIR as it comes, and at the end the
+session's events, a scenario.toml and config.toml join it. Without it the
+last `[record] ring_s` seconds stay in memory for `voice ctl save DIR`.
 """
 
 from __future__ import annotations
@@ -44,6 +49,17 @@ def _open_device(config: dict[str, Any], replay: Path | None, idle):
         raise UsageError(str(exc)) from None
 
 
+def _recorder(config: dict[str, Any], record: Path | None):
+    from voice.audio.recording import Recorder
+
+    if record is None:
+        return Recorder.ring(config["record"]["ring_s"])
+    try:
+        return Recorder.to_directory(record)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--record: {exc}") from None
+
+
 def _how_to_talk(session) -> str:
     """What the person must say first, named as it is said."""
     listen = session.settings.listen
@@ -58,7 +74,7 @@ def _stderr(text: str) -> None:
 
 
 def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, replay: Path | None = None,
-               verbose: bool = False) -> int:
+               verbose: bool = False, record: Path | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from voice.logs import quiet_pipecat
 
@@ -67,10 +83,12 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     from voice.app import open_app
     from voice.log.store import new_conversation_id
     from voice.service.control import ControlServer, checked_socket_path
+    from voice.service.recording import save_session
     from voice.speech.builder import build_voice_session, load_models
     from voice.speech.settings import VoiceSettings
 
     checked_socket_path(config)  # a socket directory that is not private fails before the models load
+    recorder = _recorder(config, record)  # so does a --record directory it cannot use
     running: list[Any] = []  # the session, once built (the replay device asks it whether all is quiet)
     device, scenario = _open_device(config, replay, idle=lambda: bool(running) and running[0].idle())
     settings = VoiceSettings.from_config(config)
@@ -84,9 +102,20 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                                  echo_required=False)
             session = build_voice_session(
                 app, device, models, settings, conversation=app.store.latest_conversation() or new_conversation_id(),
-                aside=(lambda line: print(line, flush=True)) if verbose else None)
+                aside=(lambda line: print(line, flush=True)) if verbose else None, recorder=recorder)
             running.append(session)
-            control = ControlServer(session, config)
+            since = app.store.last_seq()  # a recording holds this session's events, not the conversation's past
+
+            def save(directory: Path) -> dict[str, Any]:
+                if recorder is None:
+                    raise ValueError("nothing is kept to save: [record] ring_s is 0 (set it above 0, or record the "
+                                     "whole session with voice run --record DIR)")
+                if record is not None:
+                    raise ValueError(f"this session records everything to {record}: it is complete there once "
+                                     "the service stops")
+                return save_session(directory, recorder, app.store, session.conversation, config, since_seq=since)
+
+            control = ControlServer(session, config, save=save)
             async with anyio.create_task_group() as tg:
 
                 async def on_signal() -> None:
@@ -111,6 +140,10 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 interval = watchdog_interval()
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
                     tg.start_soon(watchdog, lambda: session.listen.position, interval)
+            if record is not None:  # the session has ended: its events and scenario join the sound
+                saved = save_session(record, recorder, app.store, session.conversation, config, since_seq=since)
+                _stderr(f"recorded {saved['seconds']} s to {record}; replay it with: "
+                        f"voice replay {record}/scenario.toml --out OUT")
 
     anyio.run(main)
     return 0

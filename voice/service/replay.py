@@ -69,8 +69,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         store = EventStore(out / "events.db")
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
         async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False) as app:
-            for t in scenario.tools:
-                app.tools.add(_scenario_tool(t))
+            for name in dict.fromkeys(t.name for t in scenario.tools):
+                app.tools.add(_scenario_tool([t for t in scenario.tools if t.name == name]))
             models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
                                  echo_cancellation=aec_on, echo_required=True)
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
@@ -112,17 +112,26 @@ class _OnVirtualClock:
         await self.inner.aclose()
 
 
-def _scenario_tool(spec):
+def _scenario_tool(specs):
+    """One tool from the scenario's [[tool]] tables of one name: each call
+    gets the next one's answer (the last one repeats)."""
     import anyio
 
-    from voice.agent.tools import Tool
+    from voice.agent.tools import Receipt, Tool, ToolOutcome
 
-    async def run(args: dict[str, Any], ctx: Any) -> str:
+    calls = []
+
+    async def run(args: dict[str, Any], ctx: Any) -> Any:
+        spec = specs[min(len(calls), len(specs) - 1)]
+        calls.append(args)
         await anyio.sleep(spec.wait_s)
-        return spec.result
+        if spec.effect != "write":
+            return spec.result
+        return ToolOutcome(spec.result, Receipt(spec.receipt, {"stand_in": "scenario"}), spec.phrase)
 
-    return Tool(spec.name, f"scenario tool that waits {spec.wait_s} s", {"type": "object"}, spec.effect, run,
-                timeout_s=spec.wait_s + 30)
+    first = specs[0]
+    return Tool(first.name, f"scenario tool that waits {first.wait_s} s", {"type": "object"}, first.effect, run,
+                timeout_s=max(s.wait_s for s in specs) + 30)
 
 
 def _summary(session, device, store, wall: float) -> dict[str, Any]:

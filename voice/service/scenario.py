@@ -13,7 +13,15 @@
 
 A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
 waits `wait_s` seconds and returns `result`: a stand-in for a slow external
-tool, so a scenario can talk over the assistant while it waits.
+tool, so a scenario can talk over the assistant while it waits. It replaces
+a real tool of that name, so a replay never acts on the world. A write
+stand-in returns `receipt` (confirmed, failed or unknown; default
+confirmed) and may carry the tool's own `phrase`. Several [[tool]] tables
+with one name answer its calls in order (the last one repeats): a recorded
+session's calls.
+
+A recorded session (voice.service.recording) is one [[user]] track at 0:
+the microphone as captured, from the device's start.
 
 An `[echo]` table (delay_ms, gain_db, reverb_s = RT60 in seconds (0: none),
 noise_db) mixes what the speaker plays back into the mic, as laptop
@@ -38,7 +46,7 @@ from voice.audio.wav import read_mono16k
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
-_TOOL = {"name", "wait_s", "result", "effect"}
+_TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase"}
 _USER = {"audio", "at", "barge_in_after", "after_reply"}
 _WHEN = ("at", "barge_in_after", "after_reply")
 
@@ -49,6 +57,8 @@ class ScenarioTool:
     wait_s: float
     result: str
     effect: str = "read"
+    receipt: str = "confirmed"  # what a write stand-in's receipt says
+    phrase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,8 +133,13 @@ def load_scenario(path: str | Path) -> Scenario:
         bad = set(t) - _TOOL
         if bad or "name" not in t:
             raise ValueError(f"scenario {path}: [[tool]] {n} needs a name and allows only {sorted(_TOOL)}")
+        if t.get("effect", "read") not in ("read", "write") or t.get("receipt", "confirmed") not in (
+                "confirmed", "failed", "unknown"):
+            raise ValueError(f"scenario {path}: [[tool]] {n}: effect is read or write; receipt confirmed, failed "
+                             "or unknown")
         tools.append(ScenarioTool(str(t["name"]), float(t.get("wait_s", 0)), str(t.get("result", "")),
-                                  str(t.get("effect", "read"))))
+                                  str(t.get("effect", "read")), str(t.get("receipt", "confirmed")),
+                                  str(t["phrase"]) if "phrase" in t else None))
     echo = None
     if "echo" in data:
         if not isinstance(data["echo"], dict) or set(data["echo"]) - _ECHO:

@@ -12,7 +12,7 @@ Script format (TOML), one `[[reply]]` per model request, in order:
     finish = "stop"           # optional; "" ends the stream without a finish reason
     [[reply.tool_calls]]
     name = "get_time"
-    arguments = {}
+    arguments = {}            # or the JSON text of an object, as a model streams it
     # text_after_tools = "Done."   # optional: streamed after the tool calls
 
 When the script runs out, the provider raises ProviderError: a test that
@@ -87,6 +87,11 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
             if not isinstance(call, dict) or "name" not in call:
                 raise ValueError(f"{where}: reply {n}: each tool call needs a name")
             args = call.get("arguments", {})
+            if isinstance(args, str):  # JSON text, as a recorded stream has it (TOML has no null)
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{where}: reply {n}: tool call arguments are not JSON ({exc})") from None
             if not isinstance(args, dict):
                 raise ValueError(f"{where}: reply {n}: tool call arguments must be a table")
             calls.append(ScriptedToolCall(str(call["name"]), args))
