@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from voice.audio.device import MIC_RATE
 from voice.errors import UsageError
 from voice.service.notify import notify, watchdog, watchdog_interval
 
@@ -84,6 +85,14 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     from voice.log.store import new_conversation_id
     from voice.service.control import ControlServer, checked_socket_path
     from voice.service.recording import save_session
+
+    def as_run(session) -> dict[str, Any]:
+        """The config as the session really runs it (a replayed scenario sets its own listen mode)."""
+        listen = session.settings.listen
+        effective = {**config, "audio": {**config["audio"], "echo_cancellation": session.echo is not None}}
+        if listen is not None:
+            effective["listen"] = {**config["listen"], "mode": listen.mode, "window_s": listen.window_s}
+        return effective
     from voice.speech.builder import build_voice_session, load_models
     from voice.speech.settings import VoiceSettings
 
@@ -94,7 +103,8 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     settings = VoiceSettings.from_config(config)
     if scenario is not None:  # a replayed scenario says how it listens ("open" unless it sets [listen] mode)
         settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
-    llm: Any = (scenario.scripted_provider() if scenario is not None else None) or llm_spec
+    llm: Any = (scenario.scripted_provider(clock=lambda: device.position / MIC_RATE) if scenario is not None
+                else None) or llm_spec
 
     async def main() -> None:
         async with open_app(config, db=db, llm=llm, notice=_stderr) as app:  # a bad --llm fails before the models load
@@ -113,7 +123,8 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 if record is not None:
                     raise ValueError(f"this session records everything to {record}: it is complete there once "
                                      "the service stops")
-                return save_session(directory, recorder, app.store, session.conversation, config, since_seq=since)
+                return save_session(directory, recorder, app.store, session.conversation, as_run(session),
+                                    since_seq=since)
 
             control = ControlServer(session, config, save=save)
             async with anyio.create_task_group() as tg:
@@ -141,7 +152,8 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
                     tg.start_soon(watchdog, lambda: session.listen.position, interval)
             if record is not None:  # the session has ended: its events and scenario join the sound
-                saved = save_session(record, recorder, app.store, session.conversation, config, since_seq=since)
+                saved = save_session(record, recorder, app.store, session.conversation, as_run(session),
+                                     since_seq=since)
                 _stderr(f"recorded {saved['seconds']} s to {record}; replay it with: "
                         f"voice replay {record}/scenario.toml --out OUT")
 

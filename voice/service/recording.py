@@ -27,6 +27,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from voice.audio.device import MIC_RATE
 from voice.audio.recording import Recorder, private_file
 from voice.log import events as ev
 from voice.log.events import Event
@@ -48,7 +49,8 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, convers
     mic_start = info["mic_start"]
     duration_s = _wav_seconds(directory / "mic.wav")
     turns = [t for t in _voice_turns(events) if t[1] >= mic_start]
-    replies, tools = _replies(events, {turn for turn, _ in turns}), _tools(events, {turn for turn, _ in turns})
+    kept = {turn for turn, _ in turns}
+    replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
     _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, config))
     _write(directory / "config.toml", config_toml(config))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": [t for t, _ in turns],
@@ -94,19 +96,32 @@ def _voice_turns(events: list[Event]) -> list[tuple[int, int]]:
 # -- the model's replies --------------------------------------------------------
 
 
-def _replies(events: list[Event], turns: set[int]) -> list[dict[str, Any]]:
-    """One scripted reply per model request of those turns, in order."""
+def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list[dict[str, Any]]:
+    """One scripted reply per model request of those turns, in order, each
+    due (`at_s`) when its first delta came, on the recording's clock."""
     seen: set[tuple] = set()
+    started: dict[tuple, float] = {}
+    clocks: list[Event] = []
     replies = []
     for e in events:
+        key = (e.turn, e.step, e.attempt)
+        if e.type == ev.AUDIO_CLOCK:
+            clocks.append(e)
+        elif e.type == ev.ASSISTANT_STREAM and e.payload.get("frame") == "start":
+            started[key] = e.at_mono
         if e.turn not in turns or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
             continue
         stream = e.payload.get("stream")
-        key = (e.turn, e.step, e.attempt)
         if stream is None or key in seen:  # our own phrases (receipts) have no stream: not the model's
             continue
         seen.add(key)
-        replies.append(_reply(stream))
+        reply = _reply(stream)
+        if key in started and clocks:  # the device clock of that moment: the latest anchor before it
+            anchor = clocks[-1]
+            first = started[key] + reply["first_delay_ms"] / 1000
+            reply["at_s"] = round(anchor.payload["mic"] / MIC_RATE + first - anchor.at_mono - track_start_s, 3)
+            reply["first_delay_ms"] = 0.0
+        replies.append(reply)
     return replies
 
 
@@ -216,7 +231,7 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
     ]
     for reply in replies:
         lines += ["", "[[reply]]"]
-        for key in ("text", "reasoning", "text_after_tools", "first_delay_ms", "chunk_delay_ms", "finish"):
+        for key in ("text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms", "finish"):
             if key in reply:
                 lines.append(f"{key} = {_value(reply[key])}")
         for call in reply["tool_calls"]:

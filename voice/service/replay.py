@@ -57,7 +57,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
     settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
     running: list[Any] = []
     device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle(), realtime=realtime)
-    scripted = scenario.scripted_provider()
+    scripted = scenario.scripted_provider(clock=lambda: device.position / MIC_RATE)
     llm = scripted or scenario.llm or config["llm"]["provider"]
     outcome: dict[str, Any] = {}
 
@@ -144,6 +144,11 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
         barge_in_s = ack_ms = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
+            if len(device.scenario.users) == 1 and info.barge_in_onset is not None:
+                clips = []  # one track holds all the speech (a recording): the VAD's onset is the one known
+                onset = info.barge_in_onset
+                barge_in_s = onset / MIC_RATE
+                ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
             if clips:
                 onset = max(p.onset for p in clips)
                 barge_in_s = onset / MIC_RATE

@@ -76,9 +76,12 @@ class Scenario:
     listen_mode: str = "open"  # scenarios listen to everything unless they ask for the wake word
     window_s: float | None = None
 
-    def scripted_provider(self) -> ScriptedProvider | None:
-        """The scenario's own model (its [[reply]] list or scripted file), if it has one."""
-        return ScriptedProvider(list(self.replies), name=self.path.name) if self.replies is not None else None
+    def scripted_provider(self, clock=None) -> ScriptedProvider | None:
+        """The scenario's own model (its [[reply]] list or scripted file), if it
+        has one; `clock` gives the seconds its replies' `at_s` count on."""
+        if self.replies is None:
+            return None
+        return ScriptedProvider(list(self.replies), name=self.path.name, clock=clock)
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:
