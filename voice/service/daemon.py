@@ -112,7 +112,8 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                                  echo_required=False)
             session = build_voice_session(
                 app, device, models, settings, conversation=app.store.latest_conversation() or new_conversation_id(),
-                aside=(lambda line: print(line, flush=True)) if verbose else None, recorder=recorder)
+                aside=(lambda line: print(line, flush=True)) if verbose else None, recorder=recorder,
+                play_at=scenario.play_at(device.out_rate) if scenario is not None else None)
             running.append(session)
             since = app.store.last_seq()  # a recording holds this session's events, not the conversation's past
 

@@ -11,10 +11,14 @@ DIR` writes from the in-memory ring, in one directory (0700, files 0600):
 The scenario is the recorded microphone as one continuous [[user]] track
 from t = 0, with no echo path of its own (the recording holds the real one),
 the model's recorded replies as the scripted provider (each request's text,
-reasoning and tool calls from the log's timed stream, its timing
-approximated by a first delay and a mean gap between deltas), and a
-stand-in for every tool that was called, answering with the recorded
-result and receipt: a replay never acts on the world.
+reasoning and tool calls from the log's timed stream, due when its first
+delta came on the recording's clock, the rest at the mean gap between
+deltas), each sentence of a reply held until where it began playing
+(speech synthesis takes its own time on each machine, and a loaded one
+leaves gaps between sentences: without the hold, a barge-in at the same
+second cuts other words), and a stand-in for every
+tool that was called, answering with the recorded result and receipt: a
+replay never acts on the world.
 
 Requests that were typed (`voice ctl say`) cannot be replayed from sound and
 are left out; so are turns whose utterance began before the ring did.
@@ -51,7 +55,8 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, convers
     turns = [t for t in _voice_turns(events) if t[1] >= mic_start]
     kept = {turn for turn, _ in turns}
     replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
-    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, config))
+    plays = _plays(events, [turn for turn, _ in turns], mic_start / MIC_RATE)
+    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config))
     _write(directory / "config.toml", config_toml(config))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": [t for t, _ in turns],
             "mic_start": mic_start}
@@ -116,6 +121,9 @@ def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list
             continue
         seen.add(key)
         reply = _reply(stream)
+        if e.payload.get("tool_calls"):  # the calls as the message recorded them (complete; a cut stream has none)
+            reply["tool_calls"] = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                                   for c in e.payload["tool_calls"]]
         if key in started and clocks:  # the device clock of that moment: the latest anchor before it
             anchor = clocks[-1]
             first = started[key] + reply["first_delay_ms"] / 1000
@@ -155,6 +163,20 @@ def _reply(stream: list[list[Any]]) -> dict[str, Any]:
         reply["finish"] = finish
     reply["tool_calls"] = [{"name": c["name"], "arguments": c["arguments"] or "{}"} for _, c in sorted(calls.items())]
     return reply
+
+
+def _plays(events: list[Event], turns: list[int], track_start_s: float) -> list[tuple[str, int, float]]:
+    """(message id as the replay will number it, sentence, second on the
+    track) where each sentence began playing. A replay numbers its turns from 1."""
+    ordinal = {turn: n for n, turn in enumerate(turns, 1)}
+    rate = next((e.payload["speaker_rate"] for e in reversed(events) if e.type == ev.AUDIO_CLOCK), MIC_RATE)
+    plays = []
+    for e in events:
+        if e.type == ev.SPEECH_SENTENCE and e.turn in ordinal and e.payload["start"] is not None:
+            _, rest = e.payload["message_id"].split(".", 1)
+            plays.append((f"{ordinal[e.turn]}.{rest}", e.payload["index"],
+                          round(e.payload["start"] / rate - track_start_s, 4)))
+    return plays
 
 
 # -- tools ----------------------------------------------------------------------
@@ -209,13 +231,14 @@ def _value(v: Any) -> str:
 
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   config: dict[str, Any]) -> str:
+                   plays: list[tuple[str, float]], config: dict[str, Any]) -> str:
     listen = config["listen"]
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
         "#   voice replay scenario.toml --out OUT      (it reads config.toml beside it)",
         "# The microphone as captured, from the device's start, as one track; no [echo]:",
         "# the recording holds the room's own.",
+        "timing = \"recorded\"   # inference takes no time: the recording's times below stand for it",
         f"tail = {TAIL_S}",
         f"max_duration = {round(duration_s + 60.0, 1)}",
         f"stt_model = {_value(config['stt']['model'])}",
@@ -239,6 +262,10 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
                       f"arguments = {_value(call['arguments'])}  # as streamed (JSON)"]
     for tool in tools:
         lines += ["", "[[tool]]"] + [f"{k} = {_value(v)}" for k, v in tool.items()]
+    if plays:
+        lines += ["", "# Where each sentence of a reply began playing: the replay holds it until then."]
+    for message, sentence, at_s in plays:
+        lines += ["[[play]]", f"message = {_value(message)}", f"sentence = {sentence}", f"at_s = {_value(at_s)}"]
     return "\n".join(lines) + "\n"
 
 

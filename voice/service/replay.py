@@ -50,6 +50,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         scenario = load_scenario(scenario_path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    clock.free_compute = scenario.timing == "recorded" and not realtime
     out.mkdir(parents=True, exist_ok=True)
     for name in ("events.db", "events.db-wal", "events.db-shm"):
         (out / name).unlink(missing_ok=True)
@@ -74,7 +75,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
             models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
                                  echo_cancellation=aec_on, echo_required=True)
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
-                                          aside=(lambda line: print(line, flush=True)) if verbose else None)
+                                          aside=(lambda line: print(line, flush=True)) if verbose else None,
+                                          play_at=scenario.play_at(device.out_rate))
             running.append(session)
             started = time.perf_counter()
             await session.run()

@@ -21,7 +21,13 @@ with one name answer its calls in order (the last one repeats): a recorded
 session's calls.
 
 A recorded session (voice.service.recording) is one [[user]] track at 0:
-the microphone as captured, from the device's start.
+the microphone as captured, from the device's start; each `[[play]]`
+(message = "TURN.STEP.ATTEMPT" as the replay numbers them, sentence = its
+index, at_s) holds that sentence of a reply until the second where it
+began playing in the recording, so that speech synthesis running faster or
+slower on another machine does not move the words a barge-in cuts. Its
+`timing = "recorded"` makes inference take no time on the replay's clock
+(voice.audio.clock, `free_compute`): the recording's times stand for it.
 
 An `[echo]` table (delay_ms, gain_db, reverb_s = RT60 in seconds (0: none),
 noise_db) mixes what the speaker plays back into the mic, as laptop
@@ -44,7 +50,7 @@ from voice.agent.providers.scripted import ScriptedProvider, ScriptedReply, load
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 
-_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen"}
+_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase"}
 _USER = {"audio", "at", "barge_in_after", "after_reply"}
@@ -75,6 +81,12 @@ class Scenario:
     echo_cancellation: bool | None = None  # None: the config decides
     listen_mode: str = "open"  # scenarios listen to everything unless they ask for the wake word
     window_s: float | None = None
+    plays: tuple[tuple[str, int, float], ...] = ()  # (message id, sentence, seconds): it starts no sooner
+    timing: str = "measured"  # "recorded": inference takes no time on the clock (a recorded session)
+
+    def play_at(self, rate: int) -> dict[tuple[str, int], int]:
+        """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
+        return {(message, sentence): round(at_s * rate) for message, sentence, at_s in self.plays}
 
     def scripted_provider(self, clock=None) -> ScriptedProvider | None:
         """The scenario's own model (its [[reply]] list or scripted file), if it
@@ -104,7 +116,7 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
-    for table in ("user", "tool", "reply"):
+    for table in ("user", "tool", "reply", "play"):
         if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
             raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
@@ -151,7 +163,17 @@ def load_scenario(path: str | Path) -> Scenario:
     listen = data.get("listen", {})
     if not isinstance(listen, dict) or set(listen) - {"echo_cancellation", "mode", "window_s"}:
         raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation, mode, window_s")
+    timing = data.get("timing", "measured")
+    if timing not in ("measured", "recorded"):
+        raise ValueError(f"scenario {path}: timing is \"measured\" (inference takes its time) or \"recorded\"")
+    plays = []
+    for n, p in enumerate(data.get("play", []), 1):
+        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["at_s"], (int, float)) \
+                or not isinstance(p["sentence"], int):
+            raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
+                             "sentence = INDEX and at_s = SECONDS")
+        plays.append((str(p["message"]), p["sentence"], float(p["at_s"])))
     return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
                     float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools), echo,
                     listen.get("echo_cancellation"), str(listen.get("mode", "open")),
-                    float(listen["window_s"]) if "window_s" in listen else None)
+                    float(listen["window_s"]) if "window_s" in listen else None, tuple(plays), timing)

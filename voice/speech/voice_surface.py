@@ -93,6 +93,9 @@ class VoiceSurface:
     on_late: Callable[[str, UnitRef, dict], None] = lambda kind, ref, info: None
     on_notice: Callable[[str], None] = lambda text: None  # the whole notice, for the transcript
     on_sentences: Callable[[UnitRef, list[SpeechSentence]], None] = lambda ref, bodies: None
+    # (message_id, sentence index) -> the speaker position where it began playing when it was
+    # recorded: a replayed recording plays each sentence from there (voice.service.recording), not sooner
+    play_at: dict[tuple[str, int], int] = field(default_factory=dict)
     tracks_playback: bool = True
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
     _changed: anyio.Event | None = None  # set (and dropped) at the next change of what plays
@@ -219,7 +222,7 @@ class VoiceSurface:
         if unit is None or not unit.current:
             self.on_late("tts-audio", sentence.ref, {"sentence": sentence.index, "samples": len(audio.samples)})
             return False
-        self.buffer.enqueue(sentence.key, audio.samples)
+        self.buffer.enqueue(sentence.key, audio.samples, self.play_at.get((sentence.ref.message_id, sentence.index)))
         # Keep what delivery needs (word timings, length), not the samples:
         # the buffer frees them once played.
         unit.audio[sentence.index] = _Said(audio.words, len(audio.samples), audio.method)
