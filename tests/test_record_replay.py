@@ -3,7 +3,7 @@ models: `voice run --replay` (the replay device in real time, so the
 service's timing is a live one) with `--record DIR`, or its in-memory ring
 saved by `voice ctl save DIR`; then `voice replay DIR/scenario.toml` must
 give the same turns, the same delivered words (±1) and the same barge-in
-decisions. The live-audio version is tests/live/test_live_record.py."""
+decisions. The live-audio version is in tests/live/test_live_barge_in.py."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_a_recorded_session_replays_to_the_same_outcome(tmp_path):
     assert daemon.stop() < 20 and daemon.proc.returncode == 0, daemon.err_text()
     assert any(line.startswith(f"recorded ") and "voice replay" in line for line in daemon.err), daemon.err_text()
     assert private(rec) == {"dir": 0o700, **dict.fromkeys(
-        ("mic.wav", "played.wav", "recording.json", "events.db", "scenario.toml", "config.toml"), 0o600)}
+        ("mic.wav", "played.wav", "mic_blocks.txt", "recording.json", "events.db", "scenario.toml", "config.toml"),
+        0o600)}
     recorded = read_session(rec / "events.db")
     assert recorded == read_session(daemon.db)  # the copy holds this session's events
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
@@ -102,3 +103,17 @@ def test_ctl_save_needs_one_directory(tmp_path):
     done = voice(tmp_path, "ctl", "save")
     assert done.returncode == 2
     assert done.stderr.strip() == "voice: error: voice ctl save needs one new directory, e.g. voice ctl save ~/voice-bug"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_committed_live_recording_replays_in_ci(tmp_path):
+    """tests/fixtures/recorded/live-barge-in: `voice run --record` on the real
+    sounddevice stream against virtual PipeWire devices (written by
+    tests/live/test_live_barge_in.py): a question, "Stop. Tell me something
+    else instead." over the answer, the second answer. Replayed here with no
+    sound card, it gives what the live session gave."""
+    recording = ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in"
+    recorded = read_session(recording / "events.db")
+    assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
+    assert_same_outcome(recorded, read_session(replay(tmp_path, recording) / "events.db"))

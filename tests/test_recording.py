@@ -63,7 +63,7 @@ def test_saved_files_are_the_users_alone_and_never_mixed(tmp_path):
     ring.save(out)
     assert mode(out) == 0o700
     assert {p.name: mode(p) for p in out.iterdir()} == {"mic.wav": 0o600, "played.wav": 0o600,
-                                                        "recording.json": 0o600}
+                                                        "mic_blocks.txt": 0o600, "recording.json": 0o600}
     with pytest.raises(ValueError, match="is not empty: give a new directory"):
         ring.save(out)
     with pytest.raises(ValueError, match="is a file"):
@@ -80,6 +80,7 @@ def test_recording_to_a_directory_is_readable_while_it_runs(tmp_path):
     for mic, played in blocks(2.0):
         rec.add(mic, played)
     assert len(wav(tmp_path / "rec" / "mic.wav")) == 2 * 16000  # before any close
+    assert (tmp_path / "rec" / "mic_blocks.txt").read_text() == f"{BLOCK}\n" * 100
     assert mode(tmp_path / "rec" / "played.wav") == 0o600
     rec.save(tmp_path / "rec")
     assert wav(tmp_path / "rec" / "played.wav")[-1] == -99
@@ -103,8 +104,8 @@ def test_a_saved_session_is_a_scenario_of_its_recorded_replies_and_tools(tmp_pat
         store.close()
     out = tmp_path / "saved"
     assert saved["turns"] == [1] and saved["seconds"] == 12.0
-    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "events.db", "mic.wav", "played.wav",
-                                                     "recording.json", "scenario.toml"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "events.db", "mic.wav", "mic_blocks.txt",
+                                                     "played.wav", "recording.json", "scenario.toml"]
     assert all(mode(p) == 0o600 for p in out.iterdir())
     copy = EventStore(out / "events.db")
     try:
@@ -116,6 +117,7 @@ def test_a_saved_session_is_a_scenario_of_its_recorded_replies_and_tools(tmp_pat
     scenario = load_scenario(out / "scenario.toml")
     (track,) = scenario.users
     assert (track.name, track.when, track.seconds, len(track.audio)) == ("mic.wav", "at", 0.0, 12 * 16000)
+    assert scenario.blocks == (BLOCK,) * 600 and scenario.timing == "recorded"  # the device's blocks, again
     assert scenario.echo is None  # the recording holds the room's own echo
     first, second = scenario.replies
     assert first.text == REPLY_0 and [(c.name, c.arguments) for c in first.tool_calls] == [

@@ -13,7 +13,9 @@ samples handed over with it, the echo reference):
   (int16 at 16 kHz: 1.9 MB a minute per stream), written out on request
   (`voice ctl save DIR`). Nothing reaches the disk unless asked.
 
-`save(DIR)` writes mic.wav, played.wav and recording.json (where each track
+`save(DIR)` writes mic.wav, played.wav, mic_blocks.txt (the size of each mic
+block as the device delivered it, one a line: the VAD decides per block, so a
+replay cuts the sound the same way) and recording.json (where each track
 starts on the device clock, in samples); files 0600 in a 0700 directory.
 """
 
@@ -32,6 +34,7 @@ import numpy as np
 from voice.audio.device import MIC_RATE
 
 TRACKS = ("mic", "played")
+BLOCKS = "mic_blocks.txt"
 
 
 def private_directory(path: Path) -> Path:
@@ -59,6 +62,7 @@ class Recorder:
         self._kept = dict.fromkeys(TRACKS, 0)  # samples held in memory per track
         self._dropped = dict.fromkeys(TRACKS, 0)  # samples let go from the front (the ring)
         self._files: dict[str, wave.Wave_write] = {}
+        self._blocks_file = None
         self._lock = threading.Lock()  # `add` on the loop, `save` from a worker thread
         if directory is not None:
             for track in TRACKS:
@@ -68,6 +72,8 @@ class Recorder:
                 w.setframerate(MIC_RATE)
                 self._files[track] = w
                 private_file(directory / f"{track}.wav")
+            self._blocks_file = open(directory / BLOCKS, "w", buffering=1)  # line-buffered: a killed run keeps it
+            private_file(directory / BLOCKS)
 
     @classmethod
     def ring(cls, seconds: float) -> Recorder | None:
@@ -86,6 +92,8 @@ class Recorder:
                     continue
                 if track in self._files:
                     self._files[track].writeframes(data)
+                    if track == "mic":
+                        self._blocks_file.write(f"{len(data) // 2}\n")
                     continue
                 block = np.frombuffer(data, np.int16).copy()
                 self._blocks[track].append(block)
@@ -107,9 +115,7 @@ class Recorder:
         this closes the files there (and `directory` must be that one)."""
         with self._lock:
             if self.directory is not None:
-                for w in self._files.values():
-                    w.close()
-                self._files.clear()
+                self._close()
             else:
                 private_directory(directory)
                 for track in TRACKS:
@@ -121,6 +127,8 @@ class Recorder:
                         w.setframerate(MIC_RATE)
                         w.writeframes(samples.tobytes())
                     private_file(path)
+                (directory / BLOCKS).write_text("".join(f"{len(b)}\n" for b in self._blocks["mic"]))
+                private_file(directory / BLOCKS)
             info = {"rate": MIC_RATE, "mic_start": self._dropped["mic"], "played_start": self._dropped["played"]}
         path = directory / "recording.json"
         path.write_text(json.dumps(info, indent=2) + "\n")
@@ -129,9 +137,15 @@ class Recorder:
 
     def close(self) -> None:
         with self._lock:
-            for w in self._files.values():
-                w.close()
-            self._files.clear()
+            self._close()
+
+    def _close(self) -> None:
+        for w in self._files.values():
+            w.close()
+        self._files.clear()
+        if self._blocks_file is not None:
+            self._blocks_file.close()
+            self._blocks_file = None
 
 
 def read_recording_info(directory: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from voice.audio.device import MIC_RATE
-from voice.errors import UsageError
+from voice.errors import Failed, UsageError
 from voice.service.notify import notify, watchdog, watchdog_interval
 
 
@@ -153,8 +153,11 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
                     tg.start_soon(watchdog, lambda: session.listen.position, interval)
             if record is not None:  # the session has ended: its events and scenario join the sound
-                saved = save_session(record, recorder, app.store, session.conversation, as_run(session),
-                                     since_seq=since)
+                try:
+                    saved = save_session(record, recorder, app.store, session.conversation, as_run(session),
+                                         since_seq=since)
+                except (OSError, ValueError) as exc:  # the sound is there already; say what is missing
+                    raise Failed(f"the recording in {record} lacks its log and scenario: {exc}") from None
                 _stderr(f"recorded {saved['seconds']} s to {record}; replay it with: "
                         f"voice replay {record}/scenario.toml --out OUT")
 

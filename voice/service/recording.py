@@ -3,6 +3,7 @@ DIR` writes from the in-memory ring, in one directory (0700, files 0600):
 
     mic.wav, played.wav   the microphone before echo cancellation and what the
                           speaker played, 16 kHz (voice.audio.recording)
+    mic_blocks.txt        the size of each mic block the device delivered
     recording.json        where each track starts on the device clock
     events.db             this session's events of the conversation (a copy)
     scenario.toml         `voice replay DIR/scenario.toml --out OUT` runs it again
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.audio.device import MIC_RATE
-from voice.audio.recording import Recorder, private_file
+from voice.audio.recording import BLOCKS, Recorder, private_file
 from voice.log import events as ev
 from voice.log.events import Event
 from voice.log.store import EventStore
@@ -56,7 +57,8 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, convers
     kept = {turn for turn, _ in turns}
     replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
     plays = _plays(events, [turn for turn, _ in turns], mic_start / MIC_RATE)
-    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config))
+    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
+                                                       blocks=(directory / BLOCKS).is_file()))
     _write(directory / "config.toml", config_toml(config))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": [t for t, _ in turns],
             "mic_start": mic_start}
@@ -231,7 +233,7 @@ def _value(v: Any) -> str:
 
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   plays: list[tuple[str, float]], config: dict[str, Any]) -> str:
+                   plays: list[tuple[str, int, float]], config: dict[str, Any], *, blocks: bool) -> str:
     listen = config["listen"]
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
@@ -252,6 +254,8 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         'audio = "mic.wav"',
         "at = 0.0",
     ]
+    if blocks:  # the VAD decides per block: the replay cuts the sound as the device did
+        lines.insert(lines.index("[listen]") - 1, f"mic_blocks = {_value(BLOCKS)}")
     for reply in replies:
         lines += ["", "[[reply]]"]
         for key in ("text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms", "finish"):

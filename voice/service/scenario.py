@@ -28,6 +28,8 @@ began playing in the recording, so that speech synthesis running faster or
 slower on another machine does not move the words a barge-in cuts. Its
 `timing = "recorded"` makes inference take no time on the replay's clock
 (voice.audio.clock, `free_compute`): the recording's times stand for it.
+`mic_blocks = "mic_blocks.txt"` (one size a line) cuts the mic into the
+blocks the recording's device delivered, since the VAD decides per block.
 
 An `[echo]` table (delay_ms, gain_db, reverb_s = RT60 in seconds (0: none),
 noise_db) mixes what the speaker plays back into the mic, as laptop
@@ -50,7 +52,8 @@ from voice.agent.providers.scripted import ScriptedProvider, ScriptedReply, load
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 
-_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing"}
+_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
+        "mic_blocks"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase"}
 _USER = {"audio", "at", "barge_in_after", "after_reply"}
@@ -83,6 +86,7 @@ class Scenario:
     window_s: float | None = None
     plays: tuple[tuple[str, int, float], ...] = ()  # (message id, sentence, seconds): it starts no sooner
     timing: str = "measured"  # "recorded": inference takes no time on the clock (a recorded session)
+    blocks: tuple[int, ...] = ()  # mic block sizes (samples), in order; past them, 20 ms blocks
 
     def play_at(self, rate: int) -> dict[tuple[str, int], int]:
         """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
@@ -176,4 +180,19 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
                     float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools), echo,
                     listen.get("echo_cancellation"), str(listen.get("mode", "open")),
-                    float(listen["window_s"]) if "window_s" in listen else None, tuple(plays), timing)
+                    float(listen["window_s"]) if "window_s" in listen else None, tuple(plays), timing,
+                    _blocks(path, data.get("mic_blocks")))
+
+
+def _blocks(path: Path, name: str | None) -> tuple[int, ...]:
+    if name is None:
+        return ()
+    try:
+        sizes = tuple(int(line) for line in (path.parent / name).read_text().split())
+    except OSError as exc:
+        raise ValueError(f"scenario {path}: mic_blocks {name}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ValueError(f"scenario {path}: mic_blocks {name} must hold one block size (samples) a line") from None
+    if any(n <= 0 for n in sizes):
+        raise ValueError(f"scenario {path}: mic_blocks {name}: block sizes must be above 0")
+    return sizes
