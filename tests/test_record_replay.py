@@ -117,3 +117,33 @@ def test_a_committed_live_recording_replays_in_ci(tmp_path):
     recorded = read_session(recording / "events.db")
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
     assert_same_outcome(recorded, read_session(replay(tmp_path, recording) / "events.db"))
+
+
+def test_voice_show_draws_a_logged_turn_and_says_what_an_older_log_lacks(tmp_path):
+    from show_log import write_turn
+
+    write_turn(tmp_path / "new")
+    done = voice(tmp_path, "show", "1", "--db", str(tmp_path / "new" / "events.db"), "--out",
+                 str(tmp_path / "t.html"), "--png", str(tmp_path / "t.png"))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines() == [f"wrote {tmp_path / 't.html'}", f"wrote {tmp_path / 't.png'}"]
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG" and "<svg" in (tmp_path / "t.html").read_text()
+    write_turn(tmp_path / "old", proposed=False)
+    done = voice(tmp_path, "show", "1", "--db", str(tmp_path / "old" / "events.db"), "--png", str(tmp_path / "o.png"))
+    assert done.returncode == 0
+    assert any(line.startswith("not in the log: word play times") for line in done.stderr.splitlines()), done.stderr
+
+
+def test_voice_show_bad_input_is_one_line(tmp_path):
+    from show_log import write_turn
+
+    write_turn(tmp_path / "log")
+    db = str(tmp_path / "log" / "events.db")
+    for args, line in (
+        (("show", "7", "--db", db, "--out", str(tmp_path / "x.html")), f"voice: error: no turn 7 in {db}"),
+        (("show", "1", "--db", db), "voice: error: voice show needs --out FILE.html or --png FILE.png (or both)"),
+        (("show", "1", "--db", db, "--out", str(tmp_path / "nowhere" / "x.html")),
+         f"voice: error: cannot write {tmp_path / 'nowhere' / 'x.html'}: No such file or directory"),
+    ):
+        done = voice(tmp_path, *args)
+        assert (done.returncode, done.stderr.strip()) == (2, line)
