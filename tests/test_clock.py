@@ -195,3 +195,33 @@ run_on_virtual_clock(main(), clock)
     bare, held = (float(x) for x in out.stdout.split())
     assert held == pytest.approx(0.3, abs=0.1)  # held: the real 0.3 s
     assert bare > held + 1.0  # unheld, the clock races ahead over the wait (why the wrapper exists)
+
+
+def test_with_free_compute_work_in_flight_takes_no_time_and_timers_wait_for_it():
+    """A replayed recording: 0.3 s of inference is 0 s on the clock, and a
+    timer due meanwhile fires only after the work, at its own virtual time."""
+    r = run_child(
+        """
+        clock.free_compute = True
+        order = []
+        async def job():
+            await run_blocking(time.sleep, 0.3)
+            order.append(("job", time.monotonic(), time.time()))
+
+        async def timer():
+            await asyncio.sleep(0.05)
+            order.append(("timer", time.monotonic(), time.time()))
+
+        async def main():
+            m0, w0, p0 = time.monotonic(), time.time(), time.perf_counter()
+            await asyncio.gather(job(), timer())
+            return dict(order=[name for name, *_ in order], at=[m - m0 for _, m, _ in order],
+                        wall=[w - w0 for *_, w in order], real=time.perf_counter() - p0,
+                        in_flight=clock.in_flight)
+        print(json.dumps(run_on_virtual_clock(main(), clock)))
+        """
+    )
+    assert r["order"] == ["job", "timer"]  # the clock stood still while the job ran
+    assert r["at"][0] < 0.05 and 0.05 <= r["at"][1] < 0.1, r
+    assert abs(r["wall"][1] - r["at"][1]) < 0.01  # time.time stands still with it
+    assert r["real"] >= 0.3 and r["in_flight"] == 0

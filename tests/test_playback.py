@@ -246,3 +246,15 @@ def test_played_and_dropped_audio_is_released_but_its_record_kept():
     assert buf._chunks["a"].samples.size == 0 and buf._chunks["b"].samples.size == 0
     assert buf.heard("a") == 500 and buf.handed("b") == 100
     assert buf.span("a") == (0, 500) and buf.finished("a")
+
+
+def test_a_held_chunk_starts_exactly_at_its_position_and_not_sooner():
+    """A replayed recording's reply: silence until `not_before`, mid-block, then the chunk."""
+    buf = PlaybackBuffer(16000)
+    buf.enqueue("a", ramp(1, 100), not_before=450)
+    assert not buf.pull(320).any()
+    out = buf.pull(320)
+    assert not out[:130].any() and (out[130:230] == ramp(1, 100)).all() and not out[230:].any()
+    assert buf.starts == [450] and buf.span("a") == (450, 550)
+    buf.enqueue("b", ramp(7, 10), not_before=100)  # a position already past: at once
+    assert (buf.pull(10) == ramp(7, 10)).all() and buf.starts[-1] == 640

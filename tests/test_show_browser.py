@@ -115,3 +115,48 @@ def test_a_script_error_would_be_caught(chromium, tmp_path):
     bad.write_text("<!doctype html><title>bad</title><script>throw new Error('drawn badly')</script>")
     _, console = chromium.dom(bad)
     assert any("drawn badly" in line for line in console)
+
+
+# -- the README demo's cut turn, drawn by the command line from a real replay ----------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> dict:
+    """`voice replay examples/barge-in --show`, then `voice show` on its cut turn
+    (real processes, real models)."""
+    import json
+    import sys
+
+    root = tmp_path_factory.mktemp("demo")
+    out = root / "replay"
+    done = subprocess.run([sys.executable, "-m", "voice", "replay", str(REPO / "examples/barge-in/scenario.toml"),
+                           "--out", str(out), "--show"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    (cut,) = [t for t in summary["turns"] if t["status"] == "aborted"]
+    assert f"drew turn {cut['turn']}: {out}/turn-{cut['turn']}.html" in done.stdout  # --show: the cut turn only
+    assert sorted(p.name for p in out.glob("turn-*")) == [f"turn-{cut['turn']}.html", f"turn-{cut['turn']}.png"]
+    page, png = root / "turn.html", root / "turn.png"
+    shown = subprocess.run([sys.executable, "-m", "voice", "show", str(cut["turn"]), "--db", str(out / "events.db"),
+                            "--out", str(page), "--png", str(png)], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stderr == "", "the demo's log holds every part of the picture"  # no "not in the log" lines
+    return {"page": page, "png": png, "turn": cut, "replay_page": out / f"turn-{cut['turn']}.html"}
+
+
+def test_voice_show_draws_the_demo_cut_turn_and_chromium_renders_it(chromium, demo, tmp_path):
+    dom, console = chromium.dom(demo["page"])
+    assert console == []
+    for part in ("mic-waveform", "speaker-waveform", "utterance", "transcript", "speech-region-0", "latency-0",
+                 "mark-pause-0", "mark-confirm-1", "mark-clear-2"):  # numbered in time order
+        assert re.search(f'<g id="{part}"', dom), part
+    delivered = demo["turn"]["delivered_text"].split()
+    assert len(re.findall(r'<g id="word-\d+-heard">', dom)) == len(delivered)  # the words that played, placed
+    assert re.search(r'<g id="word-\d+-(cut|queued)">', dom), "the word the cut fell in, or the queued rest"
+    assert demo["replay_page"].read_text() == demo["page"].read_text()  # --show and voice show draw the same
+    shot, console = chromium.screenshot(demo["page"], tmp_path / "shot.png")
+    assert console == [] and np.asarray(shot)[60:800, 40:-40].astype(int).std() > 20
+    png = Image.open(demo["png"])
+    assert png.format == "PNG" and png.size[0] > 800

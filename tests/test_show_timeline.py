@@ -15,7 +15,7 @@ from show_log import CONVERSATION, CUT_WORD, DELIVERED, HEARD, QUEUED, TURN, UNS
 from voice.errors import UsageError
 from voice.log.events import EVENT_TYPES
 from voice.log.store import EventStore
-from voice.show.load import PROPOSED_TYPES, from_log, from_replay_dir
+from voice.show.load import PICTURE_TYPES, from_log, from_replay_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,13 +85,15 @@ def test_the_person_side_speech_wake_word_and_utterance(tmp_path):
     assert t.mic.start_s == t.window.start_s and t.mic.end_s == pytest.approx(t.window.end_s, abs=1e-3)
 
 
-def test_a_log_with_the_proposed_events_leaves_no_gaps(tmp_path):
+def test_a_log_with_the_picture_events_leaves_no_gaps(tmp_path):
     assert load(tmp_path).gaps == ()
     store = EventStore(tmp_path / "events.db")
     types = {e.type for e in store.events()}
     store.close()
-    assert types <= EVENT_TYPES | PROPOSED_TYPES  # the test log speaks the log's vocabulary and the proposal's
-    assert PROPOSED_TYPES <= types and not PROPOSED_TYPES & EVENT_TYPES
+    assert types <= EVENT_TYPES  # the test log speaks the log's vocabulary
+    assert PICTURE_TYPES <= types
+    for e in EventStore(tmp_path / "events.db").events():  # and every row parses as its typed body
+        assert e.body.TYPE == e.type
 
 
 def test_todays_log_draws_what_it_has_and_names_what_it_lacks(tmp_path):
@@ -142,20 +144,32 @@ def test_bad_directory_or_turn_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_barge_in_demo_replay_loads_as_it_is_written_today(tmp_path):
+def test_the_barge_in_demo_is_drawn_from_its_log_alone(tmp_path):
     """The README demo through `voice replay` (a real subprocess, real
-    models): the loader fills what today's output holds, matching its summary."""
+    models): every part of the picture comes from the events the session
+    wrote, and agrees with the replay's own account (summary.json, which the
+    loader no longer needs)."""
     out = tmp_path / "demo"
     subprocess.run([sys.executable, "-m", "voice", "replay", str(REPO / "examples/barge-in/scenario.toml"),
                     "--out", str(out)], check=True, capture_output=True, timeout=240)
     summary = json.loads((out / "summary.json").read_text())["turns"][0]
+    (out / "summary.json").unlink()
     t = from_replay_dir(out, summary["turn"])
+    assert t.gaps == ()
     assert t.utterance.text == summary["user_text"]
+    assert (t.utterance.start_s, t.utterance.end_s) == (summary["user_start_s"], summary["user_end_s"])
     assert t.delivered == summary["delivered_text"] and t.aborted
     assert t.reply_text == summary["generated_text"]
-    assert [m.kind for m in t.marks] == ["pause"] and t.marks[0].at_s == summary["stop_s"]
+    # the words placed by speech/sentence as heard are exactly the delivered prefix the log recorded
+    assert " ".join(w.text for w in t.heard_words) == summary["delivered_text"]
+    assert [m.kind for m in t.marks] == ["pause", "confirm", "clear"]
+    pause, confirm, clear = t.marks
+    assert pause.at_s == summary["stop_s"]
+    # the VAD's onset estimate, within its start_secs of the clip's first loud sample
+    assert abs(pause.onset_s - summary["barge_in_s"]) <= 0.25
+    assert pause.at_s < confirm.at_s <= clear.at_s + 0.02  # the cut follows the decision within a block
     assert t.latency.first_audio_s == summary["speech_start_s"]
-    assert t.mic is not None and t.speaker is not None
+    assert [name for name, _, _ in t.latency.parts()] == ["end of turn", "recognition", "first token", "first audio"]
+    assert any(s.start_s == pause.onset_s for s in t.speech)  # the speech region that cut it
     assert t.speaker.start_s <= summary["speech_start_s"] < summary["stop_s"] <= t.speaker.end_s
     assert abs(t.speaker.samples).max() > 1000  # the reply played inside the window
-    assert any("speech/sentence" in g for g in t.gaps)

@@ -117,6 +117,42 @@ def test_not_one_sample_of_the_cut_reply_after_the_acknowledgement(cut_after_str
     assert o.position(paused) <= stop  # logged as it was requested, carried out at the next block
 
 
+def test_the_log_says_where_every_word_played_and_where_the_cut_fell(cut_after_stream):
+    """What `voice show` draws from (speech/sentence, the barge-in marks, the
+    utterance's span) agrees with the audio the speaker really played."""
+    o = cut_after_stream
+    stop = ack(o)
+    (paused,) = o.of_type(ev.SPEECH_PAUSED, turn=1)
+    (confirmed,) = o.of_type(ev.SPEECH_CONFIRMED, turn=1)
+    (cleared,) = o.of_type(ev.SPEECH_CLEARED, turn=1)
+    assert paused.payload["at"] == stop == o.device.buffer.pauses[0]
+    assert cleared.payload["at"] == o.device.buffer.clears[0] and cleared.payload["onset"] == paused.payload["onset"]
+    # every word the log places as wholly handed over is that word's audio, at that place
+    (message,) = o.of_type(ev.ASSISTANT_MESSAGE, turn=1)
+    sentences = o.of_type(ev.SPEECH_SENTENCE, turn=1)
+    assert [e.payload["index"] for e in sentences] == list(range(len(sentences)))
+    text, placed = message.payload["content"][0]["text"], []
+    for e in sentences:
+        p = e.payload
+        for char_start, char_end, w_start, w_end in p["words"]:
+            if p["start"] is not None and w_end <= p["handed"]:
+                codes = set(o.played[p["start"] + w_start:p["start"] + w_end].tolist())
+                (code,) = codes
+                assert o.tts.words[code].word.word == text[char_start:char_end]
+                placed.append(text[char_start:char_end])
+    assert placed == heard_of(o, POINTS)[0] == words(o.replies[1].delivered_text)
+    # the utterance's span and where speech was heard, on the mic clock
+    (user,) = o.of_type(ev.USER_MESSAGE, turn=1)
+    speech = o.of_type(ev.LISTEN_SPEECH)
+    assert user.payload["audio"]["start"] == speech[0].payload["start"] and speech[0].payload["for_assistant"]
+    assert speech[1].payload["start"] == paused.payload["onset"]
+    # confirmed by its voiced length, while it was still being said
+    assert confirmed.payload["reason"] == "voiced speech"
+    assert paused.payload["onset"] + 0.5 * 16000 <= confirmed.payload["at"] <= speech[1].payload["end"]
+    clocks = o.of_type(ev.AUDIO_CLOCK)
+    assert len(clocks) == 1 + len(o.turns) and clocks[0].payload["speaker_rate"] == 16000
+
+
 def test_the_next_request_holds_the_delivered_prefix(cut_after_stream):
     o = cut_after_stream
     follow_up = o.requests[1]
@@ -298,6 +334,11 @@ def test_a_shutdown_mid_reply_records_what_was_heard_and_starts_nothing_after(tm
     assert o.transcript[-1] == f"assistant: {reply.delivered_text} [stopped]"
 
 
+def turn_events(o) -> list:
+    """The events beyond what listening itself writes (the device clock, where speech was heard)."""
+    return [e for e in o.events if e.type not in (ev.AUDIO_CLOCK, ev.LISTEN_SPEECH, ev.LISTEN_WAKE)]
+
+
 def test_a_shutdown_while_an_utterance_is_recognised_drains_and_answers_nothing(tmp_path):
     """SIGTERM while the recogniser works on what the person said: the
     pipeline drains (its words arrive after the turn queue closed, so they
@@ -308,7 +349,7 @@ def test_a_shutdown_while_an_utterance_is_recognised_drains_and_answers_nothing(
     ), tmp_path)
     assert o.stt.transcribed == ["what_time.wav"]
     assert o.shutdown_took < default_config()["service"]["shutdown_s"]
-    assert not o.events and not o.requests  # no turn
+    assert not turn_events(o) and not o.requests  # no turn
     assert o.asides[-1] == "(ignored: 'What time is it?' was heard while shutting down)"
 
 
@@ -325,4 +366,4 @@ def test_a_shutdown_is_bounded_even_when_the_pipeline_cannot_drain(tmp_path):
     assert o.stt.transcribed == ["what_time.wav"]
     # (waiting for the recogniser would take 1.5 s; the slack is the loop's own latency under load)
     assert o.shutdown_took is not None and o.shutdown_took <= 0.4 + 0.3, o.shutdown_took
-    assert not o.events and not o.requests
+    assert not turn_events(o) and not o.requests

@@ -58,6 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
     p.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model")
     p.add_argument("-v", "--verbose", action="store_true", help="also print what was heard and not acted on")
+    p.add_argument("--show", action="store_true",
+                   help="also draw every turn that was cut (all turns if none was) as OUT/turn-N.html and .png")
+
+    p = sub.add_parser("show", help="draw one turn: what was heard and said, and when (an HTML page, a PNG)",
+                       description="Draw one turn of a log: the microphone and speaker waveforms (when the log sits "
+                                   "beside a recording: voice replay --out, voice run --record, voice ctl save), "
+                                   "speech, the transcript, the reply's words where they played, the barge-in and "
+                                   "the latency parts.")
+    _common(p, db="the event log; a recording's DIR/events.db finds its mic.wav and played.wav beside it")
+    p.add_argument("turn", type=int, metavar="TURN")
+    p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
+    p.add_argument("--out", metavar="FILE.html", help="the page (self-contained, works offline)")
+    p.add_argument("--png", metavar="FILE.png", help="the same picture as a PNG")
 
     p = sub.add_parser("run", help="the assistant as a service: listen and talk until SIGINT/SIGTERM")
     _common(p)
@@ -66,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the replay device instead of the sound card (headless machines, tests); stays up after it")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also print what was heard and not acted on (no wake word, backchannel, echo)")
+    p.add_argument("--record", metavar="DIR",
+                   help="keep the session in DIR (new or empty): mic before echo cancellation, what played, "
+                        "the events and a scenario.toml that voice replay runs")
 
     p = sub.add_parser("acp", help="serve the Agent Client Protocol on stdin/stdout (for editors such as Zed)")
     _common(p)
@@ -76,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or those after --since SEQ) and exits; with --follow it is a stream that "
                                    "prints each new event as it is written, until Ctrl-C.")
     _common(p, db="refused: the daemon keeps its own log (voice history --db PATH reads one)")
-    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "events"))
-    p.add_argument("text", nargs="*", help="for say: the text of the turn")
+    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "save", "events"))
+    p.add_argument("text", nargs="*", help="for say: the text of the turn; for save: a new directory to write "
+                                           "the last few minutes ([record] ring_s) into")
     p.add_argument("--json", action="store_true", help="print the daemon's JSON replies (one per line)")
     p.add_argument("--since", metavar="SEQ", type=int, help="for events: only those after this sequence number")
     p.add_argument("--follow", action="store_true",
@@ -233,6 +250,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     _refuse_db(args, f"voice replay always writes a fresh log to {Path(args.out) / 'events.db'} and never "
                      f"touches another; drop --db (read the result with voice history --db {Path(args.out) / 'events.db'})")
+    recorded = Path(args.scenario).parent / "config.toml"
+    if args.config is None and recorded.is_file():  # a recorded session replays with the settings it ran with
+        args.config = str(recorded)
+        print(f"using the recorded settings in {recorded}", file=sys.stderr)
     summary = run_replay(Path(args.scenario), Path(args.out), _config(args), realtime=args.realtime,
                          stt_model=args.stt_model, verbose=args.verbose)
     print(f"wrote {args.out}/mic.wav, played.wav, events.db, summary.json "
@@ -242,6 +263,37 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in; delivered: {t['delivered_text']!r}")
     if summary["device"]["gave_up"]:
         print(f"voice: warning: {summary['device']['gave_up']}", file=sys.stderr)
+    if args.show:
+        from voice.show.load import from_replay_dir
+        from voice.show.page import write_html, write_png
+
+        cut = [t["turn"] for t in summary["turns"] if t["status"] == "aborted"]
+        for turn in cut or [t["turn"] for t in summary["turns"]]:
+            timeline = from_replay_dir(Path(args.out), turn)
+            write_html(timeline, Path(args.out) / f"turn-{turn}.html")
+            write_png(timeline, Path(args.out) / f"turn-{turn}.png")
+            print(f"drew turn {turn}: {args.out}/turn-{turn}.html, turn-{turn}.png")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from voice.show.load import from_store
+    from voice.show.page import write_html, write_png
+
+    if args.out is None and args.png is None:
+        raise UsageError("voice show needs --out FILE.html or --png FILE.png (or both)")
+    store = _store(args, _config(args))
+    conv = _conversation_of(store, args, args.turn)
+    timeline = from_store(store, conv, args.turn)
+    for path, write in ((args.out, write_html), (args.png, write_png)):
+        if path is not None:
+            try:
+                write(timeline, path)
+            except OSError as exc:
+                raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+            print(f"wrote {path}")
+    for gap in timeline.gaps:
+        print(f"not in the log: {gap}", file=sys.stderr)
     return 0
 
 
@@ -249,7 +301,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from voice.service.daemon import run_daemon
 
     return run_daemon(_config(args), args.db, args.llm, Path(args.replay) if args.replay else None,
-                      verbose=args.verbose)
+                      verbose=args.verbose, record=Path(args.record) if args.record else None)
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
@@ -264,8 +316,8 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
     _refuse_db(args, "voice ctl talks to the running daemon, which keeps its own log; drop --db "
                      "(to read a log file directly: voice history --db PATH)")
-    if args.text and args.cmd != "say":
-        raise UsageError(f"voice ctl {args.cmd} takes no text (only say does)")
+    if args.text and args.cmd not in ("say", "save"):
+        raise UsageError(f"voice ctl {args.cmd} takes no text (only say and save do)")
     if (args.since is not None or args.follow) and args.cmd != "events":
         raise UsageError("--since and --follow are for voice ctl events")
     payload: dict[str, Any] = {"cmd": args.cmd}
@@ -273,6 +325,10 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         if not args.text:
             raise UsageError("voice ctl say needs the text to say, e.g. voice ctl say what time is it")
         payload["text"] = " ".join(args.text)
+    if args.cmd == "save":
+        if len(args.text) != 1:
+            raise UsageError("voice ctl save needs one new directory, e.g. voice ctl save ~/voice-bug")
+        payload["dir"] = str(Path(args.text[0]).expanduser().resolve())  # the daemon's cwd is not ours
     if args.cmd == "events":
         payload["follow"] = args.follow
         if args.since is not None or not args.follow:
@@ -325,7 +381,7 @@ def cmd_effects(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "run": cmd_run, "acp": cmd_acp, "ctl": cmd_ctl,
+COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "show": cmd_show, "run": cmd_run, "acp": cmd_acp, "ctl": cmd_ctl,
             "config": cmd_config, "doctor": cmd_doctor, "service": cmd_service, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
 
 

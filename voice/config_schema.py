@@ -95,6 +95,7 @@ RULES: dict[str, Rule | Callable[[], Rule]] = {
     "listen.mode": one_of("wake", "open"),
     "listen.wake_word": _wake_word,
     "listen.window_s": number(0, 3600),
+    "record.ring_s": number(0, 3600),
 }
 
 

@@ -59,7 +59,8 @@ class LiveDaemon:
     server's private one (PipeWire's sockets are there), so the control
     socket is private too."""
 
-    def __init__(self, tmp: Path, audio: AudioServer, script: Path | None = None, *, config: str | None = None):
+    def __init__(self, tmp: Path, audio: AudioServer, script: Path | None = None, *, config: str | None = None,
+                 args: tuple[str, ...] = ()):
         tmp.mkdir(parents=True, exist_ok=True)
         self.db = tmp / "events.db"
         self.env = {**audio.env, "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data"),
@@ -73,7 +74,7 @@ class LiveDaemon:
             script = tmp / "replies.toml"
             script.write_text(SCRIPT)
         self.proc = subprocess.Popen([sys.executable, "-m", "voice", "run", "--db", str(self.db),
-                                      "--llm", f"scripted:{script}"], cwd=ROOT, env=self.env,
+                                      "--llm", f"scripted:{script}", *args], cwd=ROOT, env=self.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._lines = OutputLines(self.proc)
         self.out, self.err = self._lines.out, self._lines.err
@@ -184,12 +185,14 @@ class Conversation:
 
 
 def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_AFTER_S,
-             config: str | None = None, barge_in: Path = AUDIO / "stop.wav", settle=None) -> Conversation:
+             config: str | None = None, barge_in: Path = AUDIO / "stop.wav", settle=None,
+             args: tuple[str, ...] = ()) -> Conversation:
     """`barge_in` is what the person says over the first reply; `settle(daemon)`
-    waits for what should follow it (default: the second reply, played out)."""
+    waits for what should follow it (default: the second reply, played out);
+    `args` go to `voice run`."""
     speaker = audio.record("speaker.monitor")
     mic = audio.record("micfeed.monitor")
-    daemon = LiveDaemon(tmp, audio, config=config)
+    daemon = LiveDaemon(tmp, audio, config=config, args=args)
     reply_start = barge_in_at = None
     try:
         daemon.wait_listening()

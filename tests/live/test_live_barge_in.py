@@ -16,6 +16,10 @@ independently of the daemon's own account:
 - the follow-up request (the history the loop derives from the log) holds
   exactly that prefix.
 
+And the same conversation recorded (`voice run --record DIR`, issue #18)
+replays on the replay device (`voice replay DIR/scenario.toml`) to the same
+turns, the same delivered words (±1) and the same barge-in decisions.
+
 Skips, saying why, only where PipeWire cannot be installed or started.
 """
 
@@ -25,10 +29,12 @@ import json
 import subprocess
 import sys
 import time
+import wave
 
 import pytest
 
 from heard import common_in_order, heard_words, whisper, words
+from replayed import assert_same_outcome, read_session
 from voice.log import events as ev
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
@@ -149,3 +155,31 @@ def test_stop_over_a_long_reply_is_silence_and_no_new_turn(audio: AudioServer, t
     print(f"live stop: reply silenced {(last_t - onset_t) * 1000:.0f} ms after the onset of 'Stop.'; "
           f"{silent_s:.1f} s of silence after it; one turn")
 
+
+def seconds(path) -> float:
+    with wave.open(str(path), "rb") as w:
+        return w.getnframes() / w.getframerate()
+
+
+def test_a_live_session_recorded_replays_to_the_same_outcome(audio: AudioServer, tmp_path):
+    rec = tmp_path / "rec"
+    c = converse(audio, tmp_path / "live", args=("--record", str(rec)))
+    log = c.daemon.log()
+    assert c.returncode == 0, log
+    assert any(line.startswith("recorded ") for line in c.daemon.err), log
+    recorded = read_session(rec / "events.db")
+    assert recorded == read_session(c.daemon.db), "the recording's log is the session's"
+    assert [t.outcome for t in recorded.turns] == ["aborted", "completed"], (recorded, log)
+    assert recorded.turns[0].interrupted and recorded.turns[0].delivered
+    # the microphone as captured and what the speaker played, the whole session on one clock
+    assert abs(seconds(rec / "mic.wav") - seconds(rec / "played.wav")) < 0.5
+    assert seconds(rec / "mic.wav") > 10
+
+    out = tmp_path / "replayed"
+    done = subprocess.run([sys.executable, "-m", "voice", "replay", str(rec / "scenario.toml"), "--out", str(out)],
+                          cwd=ROOT, env=c.daemon.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    replayed = read_session(out / "events.db")
+    assert_same_outcome(recorded, replayed)
+    print(f"live recording replayed: delivered {' '.join(recorded.turns[0].delivered)!r} live, "
+          f"{' '.join(replayed.turns[0].delivered)!r} replayed; decisions {recorded.decisions} / {replayed.decisions}")

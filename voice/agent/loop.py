@@ -172,12 +172,16 @@ class AgentLoop:
         while self._turn_over is not None:
             await self._turn_over.wait()
 
-    async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
+    async def run_turn(self, user_text: str, *, source: str = "text", audio: dict[str, Any] | None = None) -> TurnResult:
+        """`audio`: a spoken request's utterance ({start, end: mic positions,
+        stt_ms}), kept on its `user/message`."""
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
         user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         turn = self.store.start_turn(self.conversation, ev.TurnStart(source=source))
-        self.store.record(self.conversation, ev.UserMessage(content=user_text, source=source), turn=turn)
+        message = (ev.UserMessage(content=user_text, source=source) if audio is None
+                   else ev.UserMessage(content=user_text, source=source, audio=audio))
+        self.store.record(self.conversation, message, turn=turn)
         state = _TurnState(turn)
         self._state = state
         self._cancel_outcome = ev.ABORTED

@@ -7,6 +7,13 @@ jumps the clock to that timer instead of sleeping. When work is in flight it
 sleeps for real, so compute results never arrive "earlier" on the virtual
 clock than they would in a live run.
 
+With `free_compute` (replaying a recorded session, whose scenario gives the
+recording's own times: when each reply came and where each sentence
+played), work in flight takes no virtual time at all: the clock stands
+still from the moment a job starts until none is left. Inference that runs
+slower (or faster) on this machine than where the session was recorded
+then moves nothing.
+
 `time.time`, `time.monotonic` and `time.monotonic_ns` are patched process-
 wide, before pipecat is imported (its frames capture `time.time` at import),
 so pipecat's wall-clock timeouts see the same clock. `time.perf_counter`
@@ -31,17 +38,35 @@ _real_time = time.time
 
 class VirtualClock:
     def __init__(self) -> None:
-        self.offset = 0.0  # seconds skipped
+        self.offset = 0.0  # seconds skipped (less, with free_compute, the seconds stood still)
         self.in_flight = 0
+        self.free_compute = False
+        self._still_since: float | None = None  # real monotonic time the clock stopped at (free_compute)
+
+    def _stood(self) -> float:
+        """Real seconds since the clock stopped (0 while it runs)."""
+        return _real_monotonic() - self._still_since if self._still_since is not None else 0.0
 
     def monotonic(self) -> float:
-        return _real_monotonic() + self.offset
+        return _real_monotonic() + self.offset - self._stood()
 
     def monotonic_ns(self) -> int:
-        return _real_monotonic_ns() + int(self.offset * 1e9)
+        return _real_monotonic_ns() + int((self.offset - self._stood()) * 1e9)
 
     def time(self) -> float:
-        return _real_time() + self.offset
+        return _real_time() + self.offset - self._stood()
+
+    def begin(self) -> None:
+        """Work went in flight (from the loop's thread)."""
+        self.in_flight += 1
+        if self.free_compute and self.in_flight == 1:
+            self._still_since = _real_monotonic()
+
+    def end(self) -> None:
+        self.in_flight -= 1
+        if self._still_since is not None and self.in_flight == 0:
+            self.offset -= self._stood()
+            self._still_since = None
 
     def install(self) -> None:
         time.monotonic = self.monotonic  # type: ignore[assignment]
@@ -55,11 +80,11 @@ class VirtualClock:
     def busy(self) -> Iterator[None]:
         """Mark work that is not an executor job (e.g. an HTTP request to a
         language model) as in flight, so the clock does not jump over it."""
-        self.in_flight += 1
+        self.begin()
         try:
             yield
         finally:
-            self.in_flight -= 1
+            self.end()
 
 
 class _JumpingSelector:
@@ -87,13 +112,10 @@ class AutojumpEventLoop(asyncio.SelectorEventLoop):
         self._selector = _JumpingSelector(self._selector, clock)  # type: ignore[assignment]
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future:
-        self.clock.in_flight += 1
+        self.clock.begin()
         future = super().run_in_executor(executor, func, *args)
-        future.add_done_callback(lambda _: self._job_done())
+        future.add_done_callback(lambda _: self.clock.end())
         return future
-
-    def _job_done(self) -> None:
-        self.clock.in_flight -= 1
 
 
 def run_on_virtual_clock(main: Coroutine[Any, Any, T], clock: VirtualClock) -> T:

@@ -34,6 +34,7 @@ class _Chunk:
     start: int | None = None  # device position of the first sample, once handed over
     taken: int = 0  # samples handed to the device so far
     dropped: bool = False
+    not_before: int | None = None  # a replayed recording: it starts no sooner than this position
 
     def release(self) -> None:
         """A service runs for days: keep the bookkeeping, free the audio."""
@@ -68,10 +69,12 @@ class PlaybackBuffer:
         the news on (e.g. loop.call_soon_threadsafe)."""
         self._listeners.append(listener)
 
-    def enqueue(self, key: Hashable, samples: np.ndarray) -> None:
+    def enqueue(self, key: Hashable, samples: np.ndarray, not_before: int | None = None) -> None:
+        """Queue a chunk; `not_before`: silence until that position, then
+        it (a replayed recording's reply plays where it played then)."""
         if samples.dtype != np.int16 or samples.ndim != 1:
             raise ValueError("playback wants mono int16 samples")
-        chunk = _Chunk(key, samples, len(samples))
+        chunk = _Chunk(key, samples, len(samples), not_before=not_before)
         with self._lock:
             self._chunks[key] = chunk
             self._queue.append(chunk)
@@ -127,6 +130,9 @@ class PlaybackBuffer:
             filled = 0
             while filled < n and self._queue and not self.paused:
                 chunk = self._queue[0]
+                if chunk.start is None and chunk.not_before is not None and self.position + filled < chunk.not_before:
+                    filled = min(n, chunk.not_before - self.position)  # silence until then
+                    continue
                 if chunk.start is None:
                     chunk.start = self.position + filled
                     self.starts.append(chunk.start)

@@ -1,7 +1,8 @@
 """The replay device: a duplex device backed by WAV files on a virtual clock.
 
-Each tick reads one 20 ms mic block from the scenario and writes one speaker
-block pulled from the playback buffer, exactly as the sounddevice callback
+Each tick reads one 20 ms mic block from the scenario (or one of the sizes a
+recording's device delivered) and writes one speaker block pulled from the
+playback buffer, exactly as the sounddevice callback
 does, so `played` holds precisely the samples the speaker played, on the
 same sample clock as `mic`. Output latency is zero by construction.
 
@@ -61,6 +62,7 @@ class ReplayScript(Protocol):
     echo: EchoPath | None
     tail: float
     max_duration: float
+    blocks: tuple[int, ...]  # mic block sizes to tick with (a recording's); past them, BLOCK
 
 
 @dataclass
@@ -117,17 +119,20 @@ class ReplayDevice:
         tail = int(self.scenario.tail * MIC_RATE)
         idle_since: int | None = None
         deadline = time.monotonic()
+        ticks = 0
         while self.hold or self.position < limit:
             self._place_next()
-            played = self.buffer.pull(BLOCK)  # what the speaker plays during this block
-            mic = self._mix(self.position, BLOCK)
+            n = self.scenario.blocks[ticks] if ticks < len(self.scenario.blocks) else BLOCK
+            ticks += 1
+            played = self.buffer.pull(n)  # what the speaker plays during this block
+            mic = self._mix(self.position, n)
             if self._echo is not None:
                 mic = self._echo.add(played, mic)
             await on_mic(mic.tobytes(), played.tobytes())
             if not self.hold:  # a daemon may run for days: keep no recording
                 self.played_blocks.append(played)
                 self.mic_blocks.append(mic)
-            self.position += BLOCK
+            self.position += n
             if len(self.placed) == len(self.scenario.users) and self.position >= self.placed[-1].end:
                 if self.idle():
                     idle_since = self.position if idle_since is None else idle_since
@@ -135,7 +140,7 @@ class ReplayDevice:
                         return
                 else:
                     idle_since = None
-            deadline += BLOCK / MIC_RATE
+            deadline += n / MIC_RATE
             self.tick_lateness.append(max(0.0, time.monotonic() - deadline))
             await anyio.sleep_until(deadline)
         self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"

@@ -146,6 +146,8 @@ class UserMessage(Body):
     SURFACE = True
     content: str
     source: str | None = optional()
+    # spoken turns: {"start", "end": mic positions of the utterance, "stt_ms": recognition time}
+    audio: dict[str, Any] | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,6 +394,7 @@ class SpeechPaused(Body):
 
     TYPE = "speech/paused"
     onset: int  # the microphone sample where the speech began
+    at: int | None = optional()  # the speaker position where the output paused
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -401,6 +404,76 @@ class SpeechResumed(Body):
     TYPE = "speech/resumed"
     onset: int
     reason: str | None = None
+    at: int | None = optional()  # the speaker position where the output went on
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeechConfirmed(Body):
+    """The pause was a barge-in after all: the turn is cut."""
+
+    TYPE = "speech/confirmed"
+    onset: int  # mic position where the speech began
+    at: int  # mic position where it was decided
+    reason: str | None = None  # "voiced speech", or the words that decided
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeechCleared(Body):
+    """What was queued for the speaker was dropped (the cut)."""
+
+    TYPE = "speech/cleared"
+    at: int  # speaker position of the clear
+    onset: int | None = None  # the barge-in's onset; null for `voice ctl cancel` or a late stop
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeechSentence(Body):
+    """One synthesized sentence of an assistant message and where it played,
+    written once the message is settled or stopped: what `voice show`
+    places the reply's words by. Positions are speaker samples."""
+
+    TYPE = "speech/sentence"
+    message_id: str
+    index: int
+    char_start: int  # offsets in the message's text as handed to the surface
+    char_end: int
+    start: int | None  # speaker position of its first sample; null: never handed over
+    length: int  # samples
+    handed: int  # samples handed to the device
+    method: str  # how word times were found (alignments, estimate, failed)
+    words: list[list[int]] = field(default_factory=list)  # [char_start, char_end, start, end]: sentence samples
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioClock(Body):
+    """The device's sample positions now: pairs the log's `at_mono` with the
+    sample clock of the microphone and the speaker (and so a recording)."""
+
+    TYPE = "audio/clock"
+    mic: int  # mic samples at 16 kHz since the device started
+    speaker: int  # speaker samples since the device started
+    speaker_rate: int
+    output_latency: int  # speaker samples handed over and not yet heard
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListenSpeech(Body):
+    """One stretch of speech the VAD heard (mic positions), written when it ended."""
+
+    TYPE = "listen/speech"
+    start: int  # the onset
+    end: int  # the end of its last voiced block
+    decided: int | None  # where the end of the utterance was decided (null: it was cut short)
+    for_assistant: bool  # the listen gate passed it on
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListenWake(Body):
+    """The wake word was heard."""
+
+    TYPE = "listen/wake"
+    position: int  # mic position
+    model: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -502,6 +575,12 @@ EFFECT_RECEIPT: Final = EffectReceipt.TYPE
 SPEECH_PLAYED: Final = SpeechPlayed.TYPE
 SPEECH_PAUSED: Final = SpeechPaused.TYPE
 SPEECH_RESUMED: Final = SpeechResumed.TYPE
+SPEECH_CONFIRMED: Final = SpeechConfirmed.TYPE
+SPEECH_CLEARED: Final = SpeechCleared.TYPE
+SPEECH_SENTENCE: Final = SpeechSentence.TYPE
+AUDIO_CLOCK: Final = AudioClock.TYPE
+LISTEN_SPEECH: Final = ListenSpeech.TYPE
+LISTEN_WAKE: Final = ListenWake.TYPE
 LATE_OUTPUT: Final = LateOutput.TYPE
 CONVERSATION_FORK: Final = ConversationFork.TYPE
 TIMER_SET: Final = TimerSet.TYPE

@@ -5,7 +5,7 @@ that another user could create first). A directory that exists with another
 owner, as a symlink, or writable by others is refused, not used.
 
 Requests are objects with a "cmd": status, say {"text"}, cancel, mute,
-unmute, history, events {"after"?, "follow"?}. Each gets one reply line
+unmute, history, save {"dir": an absolute path}, events {"after"?, "follow"?}. Each gets one reply line
 ({"ok": true, ...} or {"ok": false, "error": ...}); `events` then sends the
 log's events after "after" (default: from now) as lines, and with "follow"
 (the default) keeps streaming new ones until the client goes away; with
@@ -53,7 +53,7 @@ IDLE_S = 60.0
 SEND_S = 10.0
 _MAX_INT = 2**63 - 1  # what SQLite holds
 _SOCKET_PATH_MAX = 107  # sun_path, less its NUL
-COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "events")
+COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "save", "events")
 
 
 def socket_path(config: dict[str, Any]) -> Path:
@@ -168,10 +168,20 @@ class Assistant(Protocol):
     def history(self) -> list[dict[str, Any]]: ...
 
 
+# Writes what the session kept (voice.service.recording) into a new directory;
+# ValueError with one line for a directory it cannot use or nothing kept.
+Save = Callable[[Path], dict[str, Any]]
+
+
+def _cannot_save(directory: Path) -> dict[str, Any]:
+    raise ValueError("this assistant keeps no recording")
+
+
 class ControlServer:
-    def __init__(self, assistant: Assistant, config: dict[str, Any]):
+    def __init__(self, assistant: Assistant, config: dict[str, Any], save: Save = _cannot_save):
         self.assistant = assistant
         self.config = config
+        self.save = save
         self.path = socket_path(config)
         self.connections = 0
 
@@ -285,6 +295,14 @@ class ControlServer:
             return {"ok": True, "muted": a.mute(cmd == "mute")}
         if cmd == "history":
             return {"ok": True, "conversation": a.conversation, "messages": a.history()}
+        if cmd == "save":
+            directory = request.get("dir")
+            if not isinstance(directory, str) or not os.path.isabs(directory):
+                return {"ok": False, "error": 'save needs {"dir": "/an/absolute/path"}'}
+            try:
+                return {"ok": True, **self.save(Path(directory))}
+            except (ValueError, OSError) as exc:
+                return {"ok": False, "error": str(exc)}
         return {"ok": False, "error": f"unknown command {cmd!r}; known: {', '.join(COMMANDS)}"}
 
     async def _events(self, stream: ByteStream, request: dict[str, Any]) -> None:

@@ -71,6 +71,12 @@ def _mute(r: dict[str, Any]) -> list[str]:
     return ["muted: the microphone is ignored until voice ctl unmute" if r.get("muted") else "listening again"]
 
 
+def _save(r: dict[str, Any]) -> list[str]:
+    turns = ", ".join(map(str, r.get("turns", []))) or "none"
+    return [f"saved {r.get('seconds')} s of sound and the log to {r.get('directory')} (turns: {turns}); "
+            f"replay it with: voice replay {r.get('directory')}/scenario.toml --out OUT"]
+
+
 def _history(r: dict[str, Any]) -> list[str]:
     from voice.log.projections import message_line
 
@@ -89,5 +95,5 @@ def _event(r: dict[str, Any]) -> list[str]:
 
 _FORMATS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "status": _status, "say": _say, "cancel": _cancel, "mute": _mute, "unmute": _mute, "history": _history,
-    "events": _event,
+    "save": _save, "events": _event,
 }

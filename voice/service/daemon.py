@@ -8,6 +8,11 @@ reach the VAD), so a stalled pipeline is restarted by systemd, not kept
 alive by a healthy-looking process; STOPPING=1 on SIGTERM/SIGINT, then the
 cancellation protocol (the turn is closed `interrupted` with its delivered
 prefix recorded, tools terminated) and exit 0 within `shutdown_s`.
+
+Recording (voice.audio.recording, voice.service.recording): with `--record
+DIR` the whole session's sound goes to DIR as it comes, and at the end the
+session's events, a scenario.toml and config.toml join it. Without it the
+last `[record] ring_s` seconds stay in memory for `voice ctl save DIR`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from voice.errors import UsageError
+from voice.audio.device import MIC_RATE
+from voice.errors import Failed, UsageError
 from voice.service.notify import notify, watchdog, watchdog_interval
 
 
@@ -44,6 +50,17 @@ def _open_device(config: dict[str, Any], replay: Path | None, idle):
         raise UsageError(str(exc)) from None
 
 
+def _recorder(config: dict[str, Any], record: Path | None):
+    from voice.audio.recording import Recorder
+
+    if record is None:
+        return Recorder.ring(config["record"]["ring_s"])
+    try:
+        return Recorder.to_directory(record)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--record: {exc}") from None
+
+
 def _how_to_talk(session) -> str:
     """What the person must say first, named as it is said."""
     listen = session.settings.listen
@@ -58,7 +75,7 @@ def _stderr(text: str) -> None:
 
 
 def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, replay: Path | None = None,
-               verbose: bool = False) -> int:
+               verbose: bool = False, record: Path | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from voice.logs import quiet_pipecat
 
@@ -67,16 +84,27 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     from voice.app import open_app
     from voice.log.store import new_conversation_id
     from voice.service.control import ControlServer, checked_socket_path
+    from voice.service.recording import save_session
+
+    def as_run(session) -> dict[str, Any]:
+        """The config as the session really runs it (a replayed scenario sets its own listen mode)."""
+        listen = session.settings.listen
+        effective = {**config, "audio": {**config["audio"], "echo_cancellation": session.echo is not None}}
+        if listen is not None:
+            effective["listen"] = {**config["listen"], "mode": listen.mode, "window_s": listen.window_s}
+        return effective
     from voice.speech.builder import build_voice_session, load_models
     from voice.speech.settings import VoiceSettings
 
     checked_socket_path(config)  # a socket directory that is not private fails before the models load
+    recorder = _recorder(config, record)  # so does a --record directory it cannot use
     running: list[Any] = []  # the session, once built (the replay device asks it whether all is quiet)
     device, scenario = _open_device(config, replay, idle=lambda: bool(running) and running[0].idle())
     settings = VoiceSettings.from_config(config)
     if scenario is not None:  # a replayed scenario says how it listens ("open" unless it sets [listen] mode)
         settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
-    llm: Any = (scenario.scripted_provider() if scenario is not None else None) or llm_spec
+    llm: Any = (scenario.scripted_provider(clock=lambda: device.position / MIC_RATE) if scenario is not None
+                else None) or llm_spec
 
     async def main() -> None:
         async with open_app(config, db=db, llm=llm, notice=_stderr) as app:  # a bad --llm fails before the models load
@@ -84,9 +112,22 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                                  echo_required=False)
             session = build_voice_session(
                 app, device, models, settings, conversation=app.store.latest_conversation() or new_conversation_id(),
-                aside=(lambda line: print(line, flush=True)) if verbose else None)
+                aside=(lambda line: print(line, flush=True)) if verbose else None, recorder=recorder,
+                play_at=scenario.play_at(device.out_rate) if scenario is not None else None)
             running.append(session)
-            control = ControlServer(session, config)
+            since = app.store.last_seq()  # a recording holds this session's events, not the conversation's past
+
+            def save(directory: Path) -> dict[str, Any]:
+                if recorder is None:
+                    raise ValueError("nothing is kept to save: [record] ring_s is 0 (set it above 0, or record the "
+                                     "whole session with voice run --record DIR)")
+                if record is not None:
+                    raise ValueError(f"this session records everything to {record}: it is complete there once "
+                                     "the service stops")
+                return save_session(directory, recorder, app.store, session.conversation, as_run(session),
+                                    since_seq=since)
+
+            control = ControlServer(session, config, save=save)
             async with anyio.create_task_group() as tg:
 
                 async def on_signal() -> None:
@@ -111,6 +152,14 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 interval = watchdog_interval()
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
                     tg.start_soon(watchdog, lambda: session.listen.position, interval)
+            if record is not None:  # the session has ended: its events and scenario join the sound
+                try:
+                    saved = save_session(record, recorder, app.store, session.conversation, as_run(session),
+                                         since_seq=since)
+                except (OSError, ValueError) as exc:  # the sound is there already; say what is missing
+                    raise Failed(f"the recording in {record} lacks its log and scenario: {exc}") from None
+                _stderr(f"recorded {saved['seconds']} s to {record}; replay it with: "
+                        f"voice replay {record}/scenario.toml --out OUT")
 
     anyio.run(main)
     return 0

@@ -50,6 +50,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         scenario = load_scenario(scenario_path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    clock.free_compute = scenario.timing == "recorded" and not realtime
     out.mkdir(parents=True, exist_ok=True)
     for name in ("events.db", "events.db-wal", "events.db-shm"):
         (out / name).unlink(missing_ok=True)
@@ -57,7 +58,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
     settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
     running: list[Any] = []
     device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle(), realtime=realtime)
-    scripted = scenario.scripted_provider()
+    scripted = scenario.scripted_provider(clock=lambda: device.position / MIC_RATE)
     llm = scripted or scenario.llm or config["llm"]["provider"]
     outcome: dict[str, Any] = {}
 
@@ -69,12 +70,13 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         store = EventStore(out / "events.db")
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
         async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False) as app:
-            for t in scenario.tools:
-                app.tools.add(_scenario_tool(t))
+            for name in dict.fromkeys(t.name for t in scenario.tools):
+                app.tools.add(_scenario_tool([t for t in scenario.tools if t.name == name]))
             models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
                                  echo_cancellation=aec_on, echo_required=True)
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
-                                          aside=(lambda line: print(line, flush=True)) if verbose else None)
+                                          aside=(lambda line: print(line, flush=True)) if verbose else None,
+                                          play_at=scenario.play_at(device.out_rate))
             running.append(session)
             started = time.perf_counter()
             await session.run()
@@ -112,17 +114,26 @@ class _OnVirtualClock:
         await self.inner.aclose()
 
 
-def _scenario_tool(spec):
+def _scenario_tool(specs):
+    """One tool from the scenario's [[tool]] tables of one name: each call
+    gets the next one's answer (the last one repeats)."""
     import anyio
 
-    from voice.agent.tools import Tool
+    from voice.agent.tools import Receipt, Tool, ToolOutcome
 
-    async def run(args: dict[str, Any], ctx: Any) -> str:
+    calls = []
+
+    async def run(args: dict[str, Any], ctx: Any) -> Any:
+        spec = specs[min(len(calls), len(specs) - 1)]
+        calls.append(args)
         await anyio.sleep(spec.wait_s)
-        return spec.result
+        if spec.effect != "write":
+            return spec.result
+        return ToolOutcome(spec.result, Receipt(spec.receipt, {"stand_in": "scenario"}), spec.phrase)
 
-    return Tool(spec.name, f"scenario tool that waits {spec.wait_s} s", {"type": "object"}, spec.effect, run,
-                timeout_s=spec.wait_s + 30)
+    first = specs[0]
+    return Tool(first.name, f"scenario tool that waits {first.wait_s} s", {"type": "object"}, first.effect, run,
+                timeout_s=max(s.wait_s for s in specs) + 30)
 
 
 def _summary(session, device, store, wall: float) -> dict[str, Any]:
@@ -135,6 +146,11 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
         barge_in_s = ack_ms = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
+            if len(device.scenario.users) == 1 and info.barge_in_onset is not None:
+                clips = []  # one track holds all the speech (a recording): the VAD's onset is the one known
+                onset = info.barge_in_onset
+                barge_in_s = onset / MIC_RATE
+                ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
             if clips:
                 onset = max(p.onset for p in clips)
                 barge_in_s = onset / MIC_RATE

@@ -13,7 +13,23 @@
 
 A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
 waits `wait_s` seconds and returns `result`: a stand-in for a slow external
-tool, so a scenario can talk over the assistant while it waits.
+tool, so a scenario can talk over the assistant while it waits. It replaces
+a real tool of that name, so a replay never acts on the world. A write
+stand-in returns `receipt` (confirmed, failed or unknown; default
+confirmed) and may carry the tool's own `phrase`. Several [[tool]] tables
+with one name answer its calls in order (the last one repeats): a recorded
+session's calls.
+
+A recorded session (voice.service.recording) is one [[user]] track at 0:
+the microphone as captured, from the device's start; each `[[play]]`
+(message = "TURN.STEP.ATTEMPT" as the replay numbers them, sentence = its
+index, at_s) holds that sentence of a reply until the second where it
+began playing in the recording, so that speech synthesis running faster or
+slower on another machine does not move the words a barge-in cuts. Its
+`timing = "recorded"` makes inference take no time on the replay's clock
+(voice.audio.clock, `free_compute`): the recording's times stand for it.
+`mic_blocks = "mic_blocks.txt"` (one size a line) cuts the mic into the
+blocks the recording's device delivered, since the VAD decides per block.
 
 An `[echo]` table (delay_ms, gain_db, reverb_s = RT60 in seconds (0: none),
 noise_db) mixes what the speaker plays back into the mic, as laptop
@@ -36,9 +52,10 @@ from voice.agent.providers.scripted import ScriptedProvider, ScriptedReply, load
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 
-_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen"}
+_TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
+        "mic_blocks"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
-_TOOL = {"name", "wait_s", "result", "effect"}
+_TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase"}
 _USER = {"audio", "at", "barge_in_after", "after_reply"}
 _WHEN = ("at", "barge_in_after", "after_reply")
 
@@ -49,6 +66,8 @@ class ScenarioTool:
     wait_s: float
     result: str
     effect: str = "read"
+    receipt: str = "confirmed"  # what a write stand-in's receipt says
+    phrase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,10 +84,20 @@ class Scenario:
     echo_cancellation: bool | None = None  # None: the config decides
     listen_mode: str = "open"  # scenarios listen to everything unless they ask for the wake word
     window_s: float | None = None
+    plays: tuple[tuple[str, int, float], ...] = ()  # (message id, sentence, seconds): it starts no sooner
+    timing: str = "measured"  # "recorded": inference takes no time on the clock (a recorded session)
+    blocks: tuple[int, ...] = ()  # mic block sizes (samples), in order; past them, 20 ms blocks
 
-    def scripted_provider(self) -> ScriptedProvider | None:
-        """The scenario's own model (its [[reply]] list or scripted file), if it has one."""
-        return ScriptedProvider(list(self.replies), name=self.path.name) if self.replies is not None else None
+    def play_at(self, rate: int) -> dict[tuple[str, int], int]:
+        """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
+        return {(message, sentence): round(at_s * rate) for message, sentence, at_s in self.plays}
+
+    def scripted_provider(self, clock=None) -> ScriptedProvider | None:
+        """The scenario's own model (its [[reply]] list or scripted file), if it
+        has one; `clock` gives the seconds its replies' `at_s` count on."""
+        if self.replies is None:
+            return None
+        return ScriptedProvider(list(self.replies), name=self.path.name, clock=clock)
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:
@@ -91,7 +120,7 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
-    for table in ("user", "tool", "reply"):
+    for table in ("user", "tool", "reply", "play"):
         if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
             raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
@@ -123,8 +152,13 @@ def load_scenario(path: str | Path) -> Scenario:
         bad = set(t) - _TOOL
         if bad or "name" not in t:
             raise ValueError(f"scenario {path}: [[tool]] {n} needs a name and allows only {sorted(_TOOL)}")
+        if t.get("effect", "read") not in ("read", "write") or t.get("receipt", "confirmed") not in (
+                "confirmed", "failed", "unknown"):
+            raise ValueError(f"scenario {path}: [[tool]] {n}: effect is read or write; receipt confirmed, failed "
+                             "or unknown")
         tools.append(ScenarioTool(str(t["name"]), float(t.get("wait_s", 0)), str(t.get("result", "")),
-                                  str(t.get("effect", "read"))))
+                                  str(t.get("effect", "read")), str(t.get("receipt", "confirmed")),
+                                  str(t["phrase"]) if "phrase" in t else None))
     echo = None
     if "echo" in data:
         if not isinstance(data["echo"], dict) or set(data["echo"]) - _ECHO:
@@ -133,7 +167,32 @@ def load_scenario(path: str | Path) -> Scenario:
     listen = data.get("listen", {})
     if not isinstance(listen, dict) or set(listen) - {"echo_cancellation", "mode", "window_s"}:
         raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation, mode, window_s")
+    timing = data.get("timing", "measured")
+    if timing not in ("measured", "recorded"):
+        raise ValueError(f"scenario {path}: timing is \"measured\" (inference takes its time) or \"recorded\"")
+    plays = []
+    for n, p in enumerate(data.get("play", []), 1):
+        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["at_s"], (int, float)) \
+                or not isinstance(p["sentence"], int):
+            raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
+                             "sentence = INDEX and at_s = SECONDS")
+        plays.append((str(p["message"]), p["sentence"], float(p["at_s"])))
     return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
                     float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools), echo,
                     listen.get("echo_cancellation"), str(listen.get("mode", "open")),
-                    float(listen["window_s"]) if "window_s" in listen else None)
+                    float(listen["window_s"]) if "window_s" in listen else None, tuple(plays), timing,
+                    _blocks(path, data.get("mic_blocks")))
+
+
+def _blocks(path: Path, name: str | None) -> tuple[int, ...]:
+    if name is None:
+        return ()
+    try:
+        sizes = tuple(int(line) for line in (path.parent / name).read_text().split())
+    except OSError as exc:
+        raise ValueError(f"scenario {path}: mic_blocks {name}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ValueError(f"scenario {path}: mic_blocks {name} must hold one block size (samples) a line") from None
+    if any(n <= 0 for n in sizes):
+        raise ValueError(f"scenario {path}: mic_blocks {name}: block sizes must be above 0")
+    return sizes

@@ -17,52 +17,28 @@ summary.json adds, for replays only: the utterance's span and recognition
 time, the first played sample, and where the output stopped after the
 barge-in that ended the turn.
 
-What the log must gain so that every part of the picture comes from the log
-(live sessions have no summary.json). Positions are sample counts from the
-device's start: mic positions at 16 kHz, speaker positions at the playback
-buffer's rate. The loader below already reads each of these; the tests write
-them into a real log to prove it.
+What the session writes for the picture (voice/log/events.py; the table in
+docs/ARCHITECTURE.md). Positions are sample counts from the device's start:
+mic positions at 16 kHz, speaker positions at the playback buffer's rate.
 
-- ``audio/clock`` ``{"mic": int, "speaker": int, "speaker_rate": int,
-  "output_latency": int}``: the device's mic and speaker positions at the
-  moment the event is appended, pairing the sample clock with the event's
-  `at_mono`. Written when the device starts and at each `turn/start` (turn
-  null). Until then, log times are placed by assuming `turn/start` was
-  logged when recognition finished (exact on the replay clock to within the
-  queue hop), and the picture says so.
-- ``listen/speech`` ``{"start": int, "end": int, "decided": int | null,
-  "for_assistant": bool}``: one VAD speech region (mic positions): its onset
-  (`ListenProcessor._onset`), the end of its last voiced block (VAD state
-  leaving SPEAKING) and where the end of turn was decided (VAD QUIET: the
-  `UtteranceFrame.end`); whether the listen gate passed it on. Turn null,
-  written when the region ends.
-- ``listen/wake`` ``{"position": int, "model": str}``: the wake word fired
-  (mic position, `ListenProcessor._wake_at`). Turn null.
-- ``user/message`` gains ``"audio": {"start": int, "end": int, "stt_ms":
-  float}``: the utterance's span (`UtteranceFrame.start/end`) and recognition
-  time (`UserTextFrame.stt_s`), for voice turns.
-- ``speech/paused`` and ``speech/resumed`` gain ``"at": int``: the speaker
-  position where the buffer carried it out (`PlaybackBuffer.pauses` /
-  `resumes`).
-- ``speech/confirmed`` ``{"onset": int, "at": int, "reason": str}``: the
-  judge confirmed the barge-in: `at` is the mic position of the block that
-  decided (`BargeInJudge.feed`'s `position`, or the utterance's end when its
-  words decided), `reason` as `speech/resumed` has it. Turn: the paused one.
-- ``speech/cleared`` ``{"at": int, "onset": int | null}``: the speaker buffer
-  was cleared (the cut) at that speaker position (`PlaybackBuffer.clears`);
-  `onset` of the barge-in that caused it, null for `voice ctl stop`.
-- ``speech/sentence`` ``{"message_id": str, "index": int, "char_start": int,
-  "char_end": int, "start": int | null, "length": int, "handed": int,
-  "method": str, "words": [[char_start, char_end, start, end], ...]}``: one
-  synthesized sentence of an assistant message, written just before that
-  message's `speech/played` (the surface then knows it all: `Sentence`,
-  `_Said.words`, `PlaybackBuffer.span/handed`). `char_*` are offsets in the
-  message's text (the text handed to the surface: its stream's text deltas);
-  `start` is the speaker position of its first handed sample (null: never
-  handed over); `length` its samples, `handed` how many were handed to the
-  device; each word's `start`/`end` are samples from the sentence's first
-  sample. A pause shifts the later samples by the pause's length; the loader
-  applies the pauses, so the writer need not.
+- `audio/clock` (mic, speaker, speaker_rate, output_latency): pairs the
+  sample clock with the event's `at_mono`; written when the session starts
+  listening and before each turn. Without one (older logs), log times are
+  placed by assuming `turn/start` was logged when recognition finished, and
+  the picture says so.
+- `listen/speech` (start, end, decided, for_assistant): one VAD speech region.
+- `listen/wake` (position, model): the wake word fired.
+- `user/message` `audio` {start, end, stt_ms}: the utterance's span and
+  recognition time, for voice turns.
+- `speech/paused` and `speech/resumed` `at`: the speaker position.
+- `speech/confirmed` (onset, at, reason): `at` is the mic position where the
+  judge decided (from the voiced length, or from the words once recognised).
+- `speech/cleared` (at, onset): the cut, at that speaker position.
+- `speech/sentence` (message_id, index, char_start, char_end, start, length,
+  handed, method, words): one synthesized sentence of an assistant message
+  and where it played; each word's `start`/`end` are samples from the
+  sentence's first sample. A pause shifts the later samples by the pause's
+  length; the loader applies the pauses, so the writer need not.
 """
 
 from __future__ import annotations
@@ -74,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from voice.audio.recording import read_recording_info
 from voice.audio.wav import BadAudio, read_mono16k
 from voice.errors import UsageError
 from voice.log import events as ev
@@ -92,34 +69,22 @@ from voice.show.timeline import (
     Waveform,
 )
 
-# The events this module proposes (see the docstring); not yet in voice.log.events.
-AUDIO_CLOCK = "audio/clock"
-LISTEN_SPEECH = "listen/speech"
-LISTEN_WAKE = "listen/wake"
-SPEECH_CONFIRMED = "speech/confirmed"
-SPEECH_CLEARED = "speech/cleared"
-SPEECH_SENTENCE = "speech/sentence"
-PROPOSED_TYPES = frozenset({AUDIO_CLOCK, LISTEN_SPEECH, LISTEN_WAKE, SPEECH_CONFIRMED, SPEECH_CLEARED, SPEECH_SENTENCE})
+# What the picture reads beyond the turn's own record (older logs lack them: see the docstring).
+AUDIO_CLOCK, LISTEN_SPEECH, LISTEN_WAKE = ev.AUDIO_CLOCK, ev.LISTEN_SPEECH, ev.LISTEN_WAKE
+SPEECH_CONFIRMED, SPEECH_CLEARED, SPEECH_SENTENCE = ev.SPEECH_CONFIRMED, ev.SPEECH_CLEARED, ev.SPEECH_SENTENCE
+PICTURE_TYPES = frozenset({AUDIO_CLOCK, LISTEN_SPEECH, LISTEN_WAKE, SPEECH_CONFIRMED, SPEECH_CLEARED, SPEECH_SENTENCE})
 
 CONTEXT_S = 1.0  # drawn before the turn
 CONTEXT_AFTER_S = 2.0  # and after it: room for the words that were not heard
 
 
 def from_replay_dir(path: str | Path, turn: int) -> TurnTimeline:
-    """The timeline of `turn` from a `voice replay --out` directory."""
+    """The timeline of `turn` from a `voice replay --out` directory (or a
+    saved recording: `voice run --record`, `voice ctl save`)."""
     path = Path(path)
     db = path / "events.db"
     if not db.is_file():
         raise UsageError(f"{path} has no events.db: give the --out directory of `voice replay` or a recording")
-    mic = _read_wav(path / "mic.wav")
-    speaker = _read_wav(path / "played.wav")
-    summary = None
-    if (path / "summary.json").is_file():
-        try:
-            summary = json.loads((path / "summary.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{path / 'summary.json'} is not readable JSON ({exc}): "
-                             "run `voice replay` again") from None
     try:
         store = EventStore(db)
     except ValueError as exc:  # not a log, or one written by a newer voice
@@ -129,17 +94,39 @@ def from_replay_dir(path: str | Path, turn: int) -> TurnTimeline:
         if not conversations:
             known = sorted({e.turn for e in store.events(types={ev.TURN_START}) if e.turn is not None})
             raise UsageError(f"turn {turn} is not in {db}; its turns are {', '.join(map(str, known)) or 'none'}")
-        summary_turn = next((t for t in (summary or {}).get("turns", []) if t.get("turn") == turn), None)
-        return from_log(store, conversations[0], turn, mic=mic, speaker=speaker, summary=summary_turn)
+        return from_store(store, conversations[0], turn)
     finally:
         store.close()
 
 
-def _read_wav(path: Path) -> Waveform | None:
+def from_store(store: EventStore, conversation: str, turn: int) -> TurnTimeline:
+    """The timeline of `turn` from an open log, with the recording that sits
+    beside it, if any: mic.wav and played.wav (placed on the device clock by
+    recording.json when they start later than the device did, as a saved
+    ring does) and a replay's summary.json."""
+    path = store.path.parent
+    try:
+        starts = read_recording_info(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    mic = _read_wav(path / "mic.wav", starts.get("mic_start", 0))
+    speaker = _read_wav(path / "played.wav", starts.get("played_start", 0))
+    summary = None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{path / 'summary.json'} is not readable JSON ({exc}): "
+                             "run `voice replay` again") from None
+    summary_turn = next((t for t in (summary or {}).get("turns", []) if t.get("turn") == turn), None)
+    return from_log(store, conversation, turn, mic=mic, speaker=speaker, summary=summary_turn)
+
+
+def _read_wav(path: Path, start: int = 0) -> Waveform | None:
     if not path.is_file():
         return None
     try:
-        return Waveform(read_mono16k(path), MIC_RATE)
+        return Waveform(read_mono16k(path), MIC_RATE, start / MIC_RATE)
     except BadAudio as exc:
         raise UsageError(str(exc)) from None
 

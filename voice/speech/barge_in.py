@@ -14,8 +14,10 @@ also say what the person wanted (`heard()`): a stop or a backchannel asks
 for nothing more and is recorded as the person's stop; anything else is a
 request and becomes a turn.
 
-The controller writes `speech/paused` and `speech/resumed`; it never waits:
-every method returns within one mic block.
+The controller writes `speech/paused`, `speech/resumed`, `speech/confirmed`
+and `speech/cleared` (speaker positions are those of the buffer's next pull,
+which carries the request out); it never waits: every method returns within
+one mic block.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from voice.agent.loop import AgentLoop
 from voice.audio.playback import PlaybackBuffer
-from voice.log.events import Body, SpeechPaused, SpeechResumed
+from voice.log.events import Body, SpeechCleared, SpeechConfirmed, SpeechPaused, SpeechResumed
 from voice.speech.judge import BargeInJudge, is_backchannel, stop_intent
 
 # (event body, turn) -> the log
@@ -57,6 +59,7 @@ class BargeInController:
         self._pause_turn: int | None = None
         self._cut: tuple[int, int | None] | None = None  # (onset, turn) confirmed before its words were known
         self._words_due: set[int] = set()  # onsets of utterances that ended and are being transcribed
+        self._position = 0  # the mic position of the latest block: where a decision is taken
 
     def assistant_busy(self) -> bool:
         return self.agent.busy or self.buffer.pending()
@@ -72,13 +75,14 @@ class BargeInController:
         self.judge.start(onset)
         self.buffer.request_pause()
         self._pause_turn = self.agent.current_turn
-        self._log(SpeechPaused(onset=onset), self._pause_turn)
+        self._log(SpeechPaused(onset=onset, at=self.buffer.position), self._pause_turn)
         return True
 
     def block(self, samples: int, voiced: bool, position: int, speaking: bool) -> bool:
         """One mic block while a barge-in may be pending; `speaking`: the
         utterance is still going on. True when the barge-in was confirmed
         (the caller then interrupts the pipeline)."""
+        self._position = position
         onset = self.judge.onset
         words_due = speaking or onset in self._words_due
         verdict = self.judge.feed(samples, voiced, position, words_due)
@@ -128,14 +132,17 @@ class BargeInController:
             cut_turn = self.agent.current_turn
             if self.agent.busy:
                 self._on_cut(onset)
-            await self.interrupt()
+            await self.interrupt(onset)
         return Heard(said, stop, cut_turn)
 
-    async def interrupt(self) -> bool:
+    async def interrupt(self, onset: int | None = None) -> bool:
         """The barge-in protocol without the speech (a stop said late, `voice
         ctl cancel`): cancel the turn, drop queued speech, clear the buffer."""
+        turn, busy = self.agent.current_turn, self.assistant_busy()
         cancelled = self.agent.cancel()
         self.buffer.request_clear()
+        if busy:
+            self._log(SpeechCleared(at=self.buffer.position, onset=onset), turn)
         await self._interrupt_pipeline()
         return cancelled
 
@@ -160,11 +167,13 @@ class BargeInController:
             return False
         if verdict == "resume":
             self.buffer.request_resume()
-            self._log(SpeechResumed(onset=onset, reason=reason), self._pause_turn)
+            self._log(SpeechResumed(onset=onset, reason=reason, at=self.buffer.position), self._pause_turn)
             return False
         if self.agent.busy:
             self._on_cut(onset)
+        self._log(SpeechConfirmed(onset=onset, at=self._position, reason=reason), self._pause_turn)
         self.agent.cancel()
         self.buffer.request_clear()
+        self._log(SpeechCleared(at=self.buffer.position, onset=onset), self._pause_turn)
         self.buffer.request_resume()  # the clear comes first in the same pull: nothing old plays
         return True

@@ -33,6 +33,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
+from voice.log.events import Body, ListenSpeech, ListenWake
 from voice.speech.stt import SttEngine
 from voice.speech.tts import SpeechAudio, TtsEngine
 from voice.speech.voice_surface import Sentence, VoiceSurface
@@ -76,12 +77,17 @@ class ListenEvents(Protocol):
     def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
     async def user_text(self, frame: UserTextFrame) -> None: ...
     def late(self, kind: str, ref, info: dict) -> None: ...
+    def log_speech(self, body: Body, turn: int | None) -> None: ...
 
 
 class ListenProcessor(FrameProcessor):
     """VAD on the mic stream. An utterance ends after `stop_secs` of silence
     (the VAD's own rule): smart-turn was measured unreliable on these voices
-    and costs 55-95 ms per decision."""
+    and costs 55-95 ms per decision.
+
+    Writes `listen/speech` as each stretch of speech ends and `listen/wake`
+    when the wake word fires (mic positions): one row per utterance, never
+    per block."""
 
     def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
                  wake=None, gate=None):
@@ -102,6 +108,7 @@ class ListenProcessor(FrameProcessor):
         self.speaking = False
         self.muted = False
         self._onset = 0
+        self._voiced_end = 0  # the end of the latest voiced block
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -129,6 +136,7 @@ class ListenProcessor(FrameProcessor):
         self.heard_audio.set()
         if self._wake is not None and self._wake.process(audio):
             self._wake_at = self.position + n
+            self._events.log_speech(ListenWake(position=self._wake_at, model=self._wake.model), None)
             self.gate.on_wake(self._wake_at / MIC_RATE)
             self._events.woke()
         if self.gate is not None:
@@ -142,6 +150,8 @@ class ListenProcessor(FrameProcessor):
         if self.speaking:
             self._utterance += audio
         voiced = state in (VADState.STARTING, VADState.SPEAKING)
+        if voiced:
+            self._voiced_end = self.position + n
         if not self.speaking and state == VADState.SPEAKING:
             self.speaking = True
             self._onset = max(0, self.position + n - self._start_samples)
@@ -158,6 +168,8 @@ class ListenProcessor(FrameProcessor):
             self._utterance = bytearray()
             await self.push_frame(UserStoppedSpeakingFrame())
             audio_bytes = self._for_assistant(audio_bytes, end)
+            self._events.log_speech(ListenSpeech(start=self._onset, end=max(self._onset, self._voiced_end),
+                                                 decided=end, for_assistant=audio_bytes is not None), None)
             if audio_bytes is not None:
                 self._events.utterance_ended(self._onset)  # its words are on their way
                 await self.push_frame(UtteranceFrame(audio=audio_bytes, start=self._onset, end=end))

@@ -35,8 +35,9 @@ from pipecat.workers.runner import WorkerRunner
 from voice.agent.loop import AgentLoop, TurnResult
 from voice.agent.surface import UnitRef
 from voice.audio.device import MIC_RATE, AudioDevice
+from voice.audio.recording import Recorder
 from voice.log import events as ev
-from voice.log.events import Body, LateOutput
+from voice.log.events import AudioClock, Body, LateOutput, SpeechSentence
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.barge_in import BargeInController
@@ -71,7 +72,7 @@ class SessionParts:
 class VoiceSession:
     def __init__(self, *, store: EventStore, device: AudioDevice, settings: VoiceSettings, stt_name: str,
                  echo: Any = None, announcer: Any = None, transcript: Callable[[str], None],
-                 aside: Callable[[str], None] | None = None):
+                 aside: Callable[[str], None] | None = None, recorder: Recorder | None = None):
         self.store = store
         self.device = device
         self.settings = settings
@@ -80,6 +81,7 @@ class VoiceSession:
         self.announcer = announcer  # the app's Announcer: this session's voice says what it announces
         self.transcript = transcript
         self.aside = aside  # -v: what was heard and not acted on
+        self.recorder = recorder  # keeps the mic as captured and what played (voice.audio.recording)
         self._parts: SessionParts | None = None
 
     def wire(self, parts: SessionParts) -> None:
@@ -117,6 +119,8 @@ class VoiceSession:
         await runner.add_workers(worker)
 
         async def on_mic(block: bytes, reference: bytes) -> None:
+            if self.recorder is not None:  # before echo cancellation: the sound as it reached the mic
+                self.recorder.add(block, reference)
             if self.echo is not None:
                 block = self.echo.process(block, reference)
                 if not block:
@@ -139,6 +143,7 @@ class VoiceSession:
 
         async def report_listening() -> None:
             await p.listen.heard_audio.wait()
+            self.log_clock()
             task_status.started()
 
         async with anyio.create_task_group() as tg:
@@ -219,8 +224,23 @@ class VoiceSession:
                           turn=ref.turn, step=ref.step, attempt=ref.attempt)
 
     def log_speech(self, body: Body, turn: int | None) -> None:
-        """speech/paused and speech/resumed, for the barge-in controller."""
+        """speech/* for the barge-in controller, listen/* for the listener."""
         self.store.record(self.conversation, body, turn=turn)
+
+    def log_sentences(self, ref: UnitRef, bodies: list[SpeechSentence]) -> None:
+        """speech/sentence of a settled or stopped message, for the surface."""
+        if ref.conversation != self.conversation:
+            return  # the assistant's own notices are not part of any turn
+        for body in bodies:
+            self.store.record(self.conversation, body, turn=ref.turn, step=ref.step, attempt=ref.attempt)
+
+    def log_clock(self) -> None:
+        """audio/clock: the device's sample positions now, so that log times
+        and recordings share one clock (at the start and before each turn)."""
+        buffer = self.device.buffer
+        self.store.record(self.conversation, AudioClock(
+            mic=self.parts.listen.position, speaker=buffer.position, speaker_rate=buffer.rate,
+            output_latency=self.device.output_latency()), turn=None)
 
     # -- the control API (voice.service.control.Assistant) -------------------
 

@@ -64,12 +64,14 @@ class TurnInfo:
 
 class TurnRunner:
     def __init__(self, agent: AgentLoop, store: EventStore, buffer: PlaybackBuffer, *,
-                 transcript: Callable[[str], None], aside: Callable[[str], None] | None = None, queue: int = 16):
+                 transcript: Callable[[str], None], aside: Callable[[str], None] | None = None, queue: int = 16,
+                 before_turn: Callable[[], None] = lambda: None):
         self.agent = agent
         self.store = store
         self.buffer = buffer
         self.transcript = transcript
         self.aside = aside
+        self.before_turn = before_turn  # the session notes the device's clock (audio/clock) there
         self.turns: list[TurnInfo] = []
         self.waiting = 0  # requests submitted whose turn has not ended
         self._send, self._receive = anyio.create_memory_object_stream[Request](queue)
@@ -147,8 +149,12 @@ class TurnRunner:
         self.turns.append(info)
         self._running = info
         before = self.store.last_seq()
+        audio = None
+        if request.source == "voice":
+            audio = {"start": request.start, "end": request.end, "stt_ms": round(request.stt_s * 1000, 1)}
+        self.before_turn()
         try:
-            request.result = await self.agent.run_turn(request.text, source=request.source)
+            request.result = await self.agent.run_turn(request.text, source=request.source, audio=audio)
         except anyio.get_cancelled_exc_class():  # shutdown: the turn closed `interrupted`
             started = self.store.events(self.conversation, types={ev.TURN_START}, after_seq=before)
             if started:

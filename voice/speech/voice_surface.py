@@ -15,6 +15,10 @@ notifications (a chunk started or finished, a clear, a pause or resume;
 sent from the audio callback's thread) and by the surface's own changes;
 the only timed wait is for the device's output latency to pass once the
 last sample was handed over, computed from that latency.
+
+Once a unit is settled (`wait_delivered` returns) or stopped, its sentences
+and where they played go to `on_sentences` as `speech/sentence` bodies, one
+per sentence (the word timings of `voice show`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import anyio
 
 from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
+from voice.log.events import SpeechSentence
 from voice.speech.tts import SpeechAudio
 
 # A sentence ends at ., ! or ? (with closing quotes/brackets) before whitespace, or at a line break.
@@ -77,6 +82,7 @@ class _Unit:
     closed: bool = False
     current: bool = True
     stopped: bool = False
+    logged: bool = False  # its speech/sentence bodies were handed on
 
 
 @dataclass
@@ -86,6 +92,10 @@ class VoiceSurface:
     output_latency: Callable[[], int] = lambda: 0  # samples, as the device reports
     on_late: Callable[[str, UnitRef, dict], None] = lambda kind, ref, info: None
     on_notice: Callable[[str], None] = lambda text: None  # the whole notice, for the transcript
+    on_sentences: Callable[[UnitRef, list[SpeechSentence]], None] = lambda ref, bodies: None
+    # (message_id, sentence index) -> the speaker position where it began playing when it was
+    # recorded: a replayed recording plays each sentence from there (voice.service.recording), not sooner
+    play_at: dict[tuple[str, int], int] = field(default_factory=dict)
     tracks_playback: bool = True
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
     _changed: anyio.Event | None = None  # set (and dropped) at the next change of what plays
@@ -170,19 +180,22 @@ class VoiceSurface:
             changed = self._arm()  # before looking: a change from now on sets it
             delivered, settled, due_s = self._progress(ref)
             if settled:
+                self._hand_on_sentences(self._units.get(ref))
                 return delivered
             with anyio.move_on_after(due_s if due_s is not None else float("inf")):
                 await changed.wait()
 
     async def stop(self) -> None:
-        for unit in self._units.values():
-            if unit.current:
-                unit.current, unit.stopped = False, True
+        stopped = [unit for unit in self._units.values() if unit.current]
+        for unit in stopped:
+            unit.current, unit.stopped = False, True
         done = len(self.buffer.clears)
         self.buffer.request_clear()
         with anyio.move_on_after(0.5):  # the device performs the clear at its next block
             while len(self.buffer.clears) == done:
                 await self._arm().wait()
+        for unit in stopped:  # what was handed over is now final
+            self._hand_on_sentences(unit)
 
     async def notice(self, text: str) -> None:
         """The assistant's own message (a timer, an error): written whole to
@@ -209,7 +222,7 @@ class VoiceSurface:
         if unit is None or not unit.current:
             self.on_late("tts-audio", sentence.ref, {"sentence": sentence.index, "samples": len(audio.samples)})
             return False
-        self.buffer.enqueue(sentence.key, audio.samples)
+        self.buffer.enqueue(sentence.key, audio.samples, self.play_at.get((sentence.ref.message_id, sentence.index)))
         # Keep what delivery needs (word timings, length), not the samples:
         # the buffer frees them once played.
         unit.audio[sentence.index] = _Said(audio.words, len(audio.samples), audio.method)
@@ -225,6 +238,24 @@ class VoiceSurface:
         return self.buffer.pending()
 
     # -- internals ---------------------------------------------------------
+
+    def _hand_on_sentences(self, unit: _Unit | None) -> None:
+        """Where each sentence of a settled or stopped unit played, once."""
+        if unit is None or unit.logged or not unit.sentences:
+            return
+        unit.logged = True
+        bodies = []
+        for s in unit.sentences:
+            said = unit.audio.get(s.index)
+            span = self.buffer.span(s.key)
+            words = [[s.char_start + w.char_start, s.char_start + w.char_end, w.start, w.end]
+                     for w in (said.words if said else ())]
+            bodies.append(SpeechSentence(
+                message_id=unit.ref.message_id, index=s.index, char_start=s.char_start,
+                char_end=s.char_start + len(s.text), start=span[0] if span else None,
+                length=said.length if said else 0, handed=self.buffer.handed(s.key),
+                method=said.method if said else "unsynthesized", words=words))
+        self.on_sentences(unit.ref, bodies)
 
     def _arm(self) -> anyio.Event:
         """The event the next change sets."""

@@ -12,8 +12,10 @@ Script format (TOML), one `[[reply]]` per model request, in order:
     finish = "stop"           # optional; "" ends the stream without a finish reason
     [[reply.tool_calls]]
     name = "get_time"
-    arguments = {}
+    arguments = {}            # or the JSON text of an object, as a model streams it
     # text_after_tools = "Done."   # optional: streamed after the tool calls
+    # at_s = 8.7              # optional: the first delta no sooner than this second of the
+    #                         # session's audio clock (a recorded session's timing; see `clock`)
 
 When the script runs out, the provider raises ProviderError: a test that
 asks more of the model than it scripted fails loudly.
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ from voice.agent.providers.base import (
 )
 
 _REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms",
-               "text_after_tools"}
+               "text_after_tools", "at_s"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class ScriptedReply:
     finish: str | None = None  # None: "tool_calls" if there are calls, else "stop"
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     text_after_tools: str = ""
+    at_s: float | None = None
 
 
 def split_words(text: str) -> list[str]:
@@ -87,6 +91,11 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
             if not isinstance(call, dict) or "name" not in call:
                 raise ValueError(f"{where}: reply {n}: each tool call needs a name")
             args = call.get("arguments", {})
+            if isinstance(args, str):  # JSON text, as a recorded stream has it (TOML has no null)
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{where}: reply {n}: tool call arguments are not JSON ({exc})") from None
             if not isinstance(args, dict):
                 raise ValueError(f"{where}: reply {n}: tool call arguments must be a table")
             calls.append(ScriptedToolCall(str(call["name"]), args))
@@ -100,6 +109,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                 finish=item.get("finish"),
                 tool_calls=tuple(calls),
                 text_after_tools=str(item.get("text_after_tools", "")),
+                at_s=float(item["at_s"]) if "at_s" in item else None,
             )
         )
     return replies
@@ -123,10 +133,16 @@ class ScriptedProvider:
     replies: list[ScriptedReply]
     name: str = "scripted"
     requests: list[ModelRequest] = field(default_factory=list)
+    # Seconds on the session's clock, for `at_s`: the replay device's audio
+    # position (voice.service.replay); else the time since this provider was made.
+    clock: Callable[[], float] | None = None
     route: ProviderRoute = field(init=False)
 
     def __post_init__(self) -> None:
         self.route = ProviderRoute(provider="scripted", model=self.name)
+        if self.clock is None:
+            made = time.monotonic()
+            self.clock = lambda: time.monotonic() - made
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ScriptedProvider":
@@ -141,6 +157,9 @@ class ScriptedProvider:
             )
         reply = self.replies[len(self.requests) - 1]
         delay = reply.chunk_delay_ms / 1000
+        if reply.at_s is not None:  # the clock runs with time: sleep until it is there
+            while (due := reply.at_s - self.clock()) > 0:
+                await anyio.sleep(due)
         if reply.first_delay_ms:
             await anyio.sleep(reply.first_delay_ms / 1000)
         for piece in split_words(reply.reasoning):

@@ -1,0 +1,62 @@
+"""What a replay of a recorded session must give again: the turns, each
+one's words and outcome, the words delivered of each cut reply (±1 word),
+and the barge-in decisions. Read from two logs and compared; shared by
+tests/test_record_replay.py and tests/live/test_live_record.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from voice.log import events as ev
+from voice.log.projections import turn_reply
+from voice.log.store import EventStore
+
+ONSET_SLACK = 16000 // 10  # the VAD's onset on the same sound, cut into other blocks (a live device's)
+
+
+@dataclass(frozen=True)
+class Turn:
+    user_text: str
+    outcome: str
+    delivered: tuple[str, ...]
+    interrupted: bool
+
+
+@dataclass(frozen=True)
+class Session:
+    turns: tuple[Turn, ...]
+    decisions: tuple[tuple[str, int], ...]  # (speech/paused|resumed|confirmed, onset: mic samples from the track's start)
+    stops: tuple[str, ...]  # user/stop intents
+
+
+def read_session(db: Path, mic_start: int = 0) -> Session:
+    store = EventStore(db)
+    try:
+        conversation = store.latest_conversation()
+        events = store.events(conversation)
+        turns = []
+        for e in events:
+            if e.type == ev.TURN_START:
+                r = turn_reply(store, conversation, e.turn)
+                turns.append(Turn(r.user_text, r.outcome, tuple(r.delivered_text.split()), r.interrupted))
+        kinds = (ev.SPEECH_PAUSED, ev.SPEECH_RESUMED, ev.SPEECH_CONFIRMED)
+        decisions = tuple((e.type, e.payload["onset"] - mic_start) for e in events if e.type in kinds)
+        stops = tuple(e.payload["intent"] for e in events if e.type == ev.USER_STOP)
+        return Session(tuple(turns), decisions, stops)
+    finally:
+        store.close()
+
+
+def assert_same_outcome(recorded: Session, replayed: Session) -> None:
+    """The replay gave the recorded session again (see the module docstring)."""
+    assert [(t.user_text, t.outcome, t.interrupted) for t in replayed.turns] == [
+        (t.user_text, t.outcome, t.interrupted) for t in recorded.turns], (recorded, replayed)
+    for was, now in zip(recorded.turns, replayed.turns, strict=True):
+        n = min(len(was.delivered), len(now.delivered))
+        assert abs(len(was.delivered) - len(now.delivered)) <= 1 and was.delivered[:n] == now.delivered[:n], (
+            f"delivered {' '.join(was.delivered)!r}, replayed {' '.join(now.delivered)!r}")
+    assert [k for k, _ in replayed.decisions] == [k for k, _ in recorded.decisions], (recorded, replayed)
+    for (_, was), (_, now) in zip(recorded.decisions, replayed.decisions, strict=True):
+        assert abs(was - now) <= ONSET_SLACK, (recorded.decisions, replayed.decisions)
+    assert replayed.stops == recorded.stops

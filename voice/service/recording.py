@@ -1,0 +1,286 @@
+"""A saved session: what `voice run --record DIR` keeps and `voice ctl save
+DIR` writes from the in-memory ring, in one directory (0700, files 0600):
+
+    mic.wav, played.wav   the microphone before echo cancellation and what the
+                          speaker played, 16 kHz (voice.audio.recording)
+    mic_blocks.txt        the size of each mic block the device delivered
+    recording.json        where each track starts on the device clock
+    events.db             this session's events of the conversation (a copy)
+    scenario.toml         `voice replay DIR/scenario.toml --out OUT` runs it again
+    config.toml           the settings that decide the outcome (replay reads it)
+
+The scenario is the recorded microphone as one continuous [[user]] track
+from t = 0, with no echo path of its own (the recording holds the real one),
+the model's recorded replies as the scripted provider (each request's text,
+reasoning and tool calls from the log's timed stream, due when its first
+delta came on the recording's clock, the rest at the mean gap between
+deltas), each sentence of a reply held until where it began playing
+(speech synthesis takes its own time on each machine, and a loaded one
+leaves gaps between sentences: without the hold, a barge-in at the same
+second cuts other words), and a stand-in for every
+tool that was called, answering with the recorded result and receipt: a
+replay never acts on the world.
+
+Requests that were typed (`voice ctl say`) cannot be replayed from sound and
+are left out; so are turns whose utterance began before the ring did.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from voice.audio.device import MIC_RATE
+from voice.audio.recording import BLOCKS, Recorder, private_file
+from voice.log import events as ev
+from voice.log.events import Event
+from voice.log.store import EventStore
+
+# The settings that decide what a replay does with the same sound (the
+# devices, the model server, paths and commands are the machine's own).
+REPLAYED_SETTINGS = ("vad", "stt", "tts", "barge_in", "listen", "llm.max_steps", "audio.echo_cancellation")
+TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
+
+
+def save_session(directory: Path, recorder: Recorder, store: EventStore, conversation: str, config: dict[str, Any],
+                 *, since_seq: int) -> dict[str, Any]:
+    """Write the recording, its events (those after `since_seq`), the
+    scenario and the config into `directory`; returns what was saved."""
+    info = recorder.save(directory)
+    events = store.events(conversation, after_seq=since_seq)
+    _copy_events(directory / "events.db", events)
+    mic_start = info["mic_start"]
+    duration_s = _wav_seconds(directory / "mic.wav")
+    turns = [t for t in _voice_turns(events) if t[1] >= mic_start]
+    kept = {turn for turn, _ in turns}
+    replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
+    plays = _plays(events, [turn for turn, _ in turns], mic_start / MIC_RATE)
+    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
+                                                       blocks=(directory / BLOCKS).is_file()))
+    _write(directory / "config.toml", config_toml(config))
+    return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": [t for t, _ in turns],
+            "mic_start": mic_start}
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    private_file(path)
+
+
+def _wav_seconds(path: Path) -> float:
+    import wave
+
+    with wave.open(str(path), "rb") as w:
+        return w.getnframes() / w.getframerate()
+
+
+def _copy_events(path: Path, events: list[Event]) -> None:
+    EventStore(path).close()  # the real schema and its checks
+    with sqlite3.connect(path) as db:
+        db.executemany("INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
+                       " VALUES (?,?,?,?,?,?,?,?)",
+                       [(e.conversation, e.turn, e.step, e.attempt, e.type, ev.encode_payload(e.payload), e.at_mono,
+                         e.at_wall) for e in events])
+    db.close()
+    for name in (path.name, path.name + "-wal", path.name + "-shm"):
+        if (path.parent / name).exists():
+            private_file(path.parent / name)
+
+
+def _voice_turns(events: list[Event]) -> list[tuple[int, int]]:
+    """(turn, mic position of its utterance) of each spoken request."""
+    out = []
+    for e in events:
+        if e.type == ev.USER_MESSAGE and e.turn is not None:
+            audio = e.body.audio
+            if e.body.source == "voice" and audio is not None:
+                out.append((e.turn, int(audio["start"])))
+    return out
+
+
+# -- the model's replies --------------------------------------------------------
+
+
+def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list[dict[str, Any]]:
+    """One scripted reply per model request of those turns, in order, each
+    due (`at_s`) when its first delta came, on the recording's clock."""
+    seen: set[tuple] = set()
+    started: dict[tuple, float] = {}
+    clocks: list[Event] = []
+    replies = []
+    for e in events:
+        key = (e.turn, e.step, e.attempt)
+        if e.type == ev.AUDIO_CLOCK:
+            clocks.append(e)
+        elif e.type == ev.ASSISTANT_STREAM and e.payload.get("frame") == "start":
+            started[key] = e.at_mono
+        if e.turn not in turns or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
+            continue
+        stream = e.payload.get("stream")
+        if stream is None or key in seen:  # our own phrases (receipts) have no stream: not the model's
+            continue
+        seen.add(key)
+        reply = _reply(stream)
+        if e.payload.get("tool_calls"):  # the calls as the message recorded them (complete; a cut stream has none)
+            reply["tool_calls"] = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                                   for c in e.payload["tool_calls"]]
+        if key in started and clocks:  # the device clock of that moment: the latest anchor before it
+            anchor = clocks[-1]
+            first = started[key] + reply["first_delay_ms"] / 1000
+            reply["at_s"] = round(anchor.payload["mic"] / MIC_RATE + first - anchor.at_mono - track_start_s, 3)
+            reply["first_delay_ms"] = 0.0
+        replies.append(reply)
+    return replies
+
+
+def _reply(stream: list[list[Any]]) -> dict[str, Any]:
+    text, after, reasoning = [], [], []
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    offsets = []
+    for offset, kind, data in stream:
+        if kind == "finish":
+            finish = data
+            continue
+        offsets.append(float(offset))
+        if kind == "text":
+            (after if calls else text).append(data)
+        elif kind == "reasoning":
+            reasoning.append(data)
+        elif kind == "tool_call":
+            call = calls.setdefault(int(data.get("index") or 0), {"name": "", "arguments": ""})
+            call["name"] = call["name"] or (data.get("name") or "")
+            call["arguments"] += data.get("arguments") or ""
+    reply: dict[str, Any] = {"text": "".join(text)}
+    if reasoning:
+        reply["reasoning"] = "".join(reasoning)
+    if after:
+        reply["text_after_tools"] = "".join(after)
+    reply["first_delay_ms"] = round(offsets[0], 1) if offsets else 0.0
+    gaps = len(offsets) - 1
+    reply["chunk_delay_ms"] = round((offsets[-1] - offsets[0]) / gaps, 1) if gaps > 0 else 0.0
+    if finish is not None:
+        reply["finish"] = finish
+    reply["tool_calls"] = [{"name": c["name"], "arguments": c["arguments"] or "{}"} for _, c in sorted(calls.items())]
+    return reply
+
+
+def _plays(events: list[Event], turns: list[int], track_start_s: float) -> list[tuple[str, int, float]]:
+    """(message id as the replay will number it, sentence, second on the
+    track) where each sentence began playing. A replay numbers its turns from 1."""
+    ordinal = {turn: n for n, turn in enumerate(turns, 1)}
+    rate = next((e.payload["speaker_rate"] for e in reversed(events) if e.type == ev.AUDIO_CLOCK), MIC_RATE)
+    plays = []
+    for e in events:
+        if e.type == ev.SPEECH_SENTENCE and e.turn in ordinal and e.payload["start"] is not None:
+            _, rest = e.payload["message_id"].split(".", 1)
+            plays.append((f"{ordinal[e.turn]}.{rest}", e.payload["index"],
+                          round(e.payload["start"] / rate - track_start_s, 4)))
+    return plays
+
+
+# -- tools ----------------------------------------------------------------------
+
+
+def _tools(events: list[Event], turns: set[int]) -> list[dict[str, Any]]:
+    """A stand-in per tool call, in call order: its recorded result,
+    receipt and phrase, and how long it took."""
+    calls: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.turn not in turns or e.type not in (ev.TOOL_DISPATCH, ev.TOOL_RESULT, ev.EFFECT_RECEIPT):
+            continue
+        p = e.payload
+        call = calls.setdefault(p["tool_call_id"], {"name": p["name"]})
+        if e.type == ev.TOOL_DISPATCH:
+            call["effect"], call["dispatched"] = p.get("effect") or "read", e.at_mono
+        elif e.type == ev.EFFECT_RECEIPT and p.get("phase", "dispatch") == "dispatch":
+            call["receipt"] = p["state"]
+        elif e.type == ev.TOOL_RESULT and "dispatched" in call:
+            content = p.get("content", p.get("error", ""))
+            call["result"] = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+            call["wait_s"] = round(max(0.0, e.at_mono - call["dispatched"]), 3)
+            if p.get("phrase"):
+                call["phrase"] = p["phrase"]
+    out = []
+    for call in calls.values():
+        if "result" not in call:
+            continue  # never dispatched: the replay will not dispatch it either
+        tool = {"name": call["name"], "wait_s": call["wait_s"], "result": call["result"], "effect": call["effect"]}
+        if call["effect"] == "write":
+            tool["receipt"] = call.get("receipt", ev.UNKNOWN)
+        if "phrase" in call:
+            tool["phrase"] = call["phrase"]
+        out.append(tool)
+    return out
+
+
+# -- TOML -------------------------------------------------------------------------
+
+
+def _value(v: Any) -> str:
+    """A TOML value for the plain values written here (JSON's string escapes are TOML's)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML for {v!r}")
+
+
+def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
+                   plays: list[tuple[str, int, float]], config: dict[str, Any], *, blocks: bool) -> str:
+    listen = config["listen"]
+    lines = [
+        "# A recorded session (voice run --record / voice ctl save): replay it with",
+        "#   voice replay scenario.toml --out OUT      (it reads config.toml beside it)",
+        "# The microphone as captured, from the device's start, as one track; no [echo]:",
+        "# the recording holds the room's own.",
+        "timing = \"recorded\"   # inference takes no time: the recording's times below stand for it",
+        f"tail = {TAIL_S}",
+        f"max_duration = {round(duration_s + 60.0, 1)}",
+        f"stt_model = {_value(config['stt']['model'])}",
+        "",
+        "[listen]",
+        f"mode = {_value(listen['mode'])}",
+        f"window_s = {_value(float(listen['window_s']))}",
+        f"echo_cancellation = {_value(config['audio']['echo_cancellation'])}",
+        "",
+        "[[user]]",
+        'audio = "mic.wav"',
+        "at = 0.0",
+    ]
+    if blocks:  # the VAD decides per block: the replay cuts the sound as the device did
+        lines.insert(lines.index("[listen]") - 1, f"mic_blocks = {_value(BLOCKS)}")
+    for reply in replies:
+        lines += ["", "[[reply]]"]
+        for key in ("text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms", "finish"):
+            if key in reply:
+                lines.append(f"{key} = {_value(reply[key])}")
+        for call in reply["tool_calls"]:
+            lines += ["[[reply.tool_calls]]", f"name = {_value(call['name'])}",
+                      f"arguments = {_value(call['arguments'])}  # as streamed (JSON)"]
+    for tool in tools:
+        lines += ["", "[[tool]]"] + [f"{k} = {_value(v)}" for k, v in tool.items()]
+    if plays:
+        lines += ["", "# Where each sentence of a reply began playing: the replay holds it until then."]
+    for message, sentence, at_s in plays:
+        lines += ["[[play]]", f"message = {_value(message)}", f"sentence = {sentence}", f"at_s = {_value(at_s)}"]
+    return "\n".join(lines) + "\n"
+
+
+def config_toml(config: dict[str, Any]) -> str:
+    """The settings of REPLAYED_SETTINGS as a config file."""
+    tables: dict[str, dict[str, Any]] = {}
+    for name in REPLAYED_SETTINGS:
+        section, _, key = name.partition(".")
+        values = {key: config[section][key]} if key else config[section]
+        tables.setdefault(section, {}).update({k: v for k, v in values.items() if not isinstance(v, dict)})
+    lines = ["# The settings this session ran with that decide a replay's outcome (see voice/service/recording.py)."]
+    for section, values in tables.items():
+        lines += ["", f"[{section}]"] + [f"{k} = {_value(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
