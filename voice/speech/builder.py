@@ -65,10 +65,12 @@ def listen_gate(settings: VoiceSettings):
 
 def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, settings: VoiceSettings, *,
                         conversation: str, transcript: Callable[[str], None] = lambda line: print(line, flush=True),
-                        aside: Callable[[str], None] | None = None) -> VoiceSession:
+                        aside: Callable[[str], None] | None = None, keep: int | None = 64) -> VoiceSession:
     """A session on `device`, answering in `conversation` with the app's
     provider and tools; `transcript` gets the lines a person reads, `aside`
-    (with -v) what was heard and not acted on."""
+    (with -v) what was heard and not acted on. `keep`: per-turn bookkeeping
+    held for diagnostics, the newest turns' (None: all, for a finite replay's
+    summary; a service keeps a bounded number and runs in flat memory)."""
     session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
                            echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside)
     wake, gate = listen_gate(settings)
@@ -76,9 +78,11 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
                              gate=gate)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
-                           on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"))
+                           on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"),
+                           keep=None if keep is None else keep * 4)
     agent = app.agent(surface, conversation)
-    turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside)
+    turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside, keep=keep,
+                       conversations=settings.conversation, notice=surface.notice)
     barge_in = BargeInController(
         BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
         log=session.log_speech, stop_phrases=settings.barge_in.stop_phrases,

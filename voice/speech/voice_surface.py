@@ -10,6 +10,13 @@ Units (assistant messages) are keyed by `UnitRef`; a unit that was stopped
 or discarded is no longer current, and audio that arrives for it later is
 dropped and logged as late (`late/output`).
 
+Memory stays flat over a service's life: only the newest `keep` units are
+held (their text, sentences and word timings, and the playback buffer's
+bookkeeping of their chunks); an older one has long settled and its
+delivery has been recorded. A unit evicted is treated as unknown: late audio
+for it is dropped like any other. `keep=None` holds every unit (a finite
+replay reads them all for its summary).
+
 Waiting (`wait_delivered`, `stop`) is driven by the playback buffer's
 notifications (a chunk started or finished, a clear, a pause or resume;
 sent from the audio callback's thread) and by the surface's own changes;
@@ -87,7 +94,9 @@ class VoiceSurface:
     on_late: Callable[[str, UnitRef, dict], None] = lambda kind, ref, info: None
     on_notice: Callable[[str], None] = lambda text: None  # the whole notice, for the transcript
     tracks_playback: bool = True
+    keep: int | None = 64  # units held, the newest (see the module docstring)
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _notices: int = 0
     _changed: anyio.Event | None = None  # set (and dropped) at the next change of what plays
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -98,6 +107,18 @@ class VoiceSurface:
 
     def open(self, ref: UnitRef) -> None:
         self._units[ref] = _Unit(ref)
+        while self.keep is not None and len(self._units) > self.keep:
+            self._evict(next(iter(self._units)))
+
+    def _evict(self, ref: UnitRef) -> None:
+        """Forget the oldest unit and its chunks' bookkeeping."""
+        unit = self._units.pop(ref)
+        for sentence in unit.sentences:
+            self.buffer.forget(sentence.key)
+
+    def held(self) -> int:
+        """Units held (a test that it stays bounded)."""
+        return len(self._units)
 
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]
@@ -178,10 +199,10 @@ class VoiceSurface:
         for unit in self._units.values():
             if unit.current:
                 unit.current, unit.stopped = False, True
-        done = len(self.buffer.clears)
+        done = self.buffer.clear_count
         self.buffer.request_clear()
         with anyio.move_on_after(0.5):  # the device performs the clear at its next block
-            while len(self.buffer.clears) == done:
+            while self.buffer.clear_count == done:
                 await self._arm().wait()
 
     async def notice(self, text: str) -> None:
@@ -191,7 +212,8 @@ class VoiceSurface:
         spoken = spoken_notice(text)
         if not spoken:
             return
-        ref = UnitRef("notice", 0, 0, len(self._units))
+        self._notices += 1
+        ref = UnitRef("notice", 0, 0, self._notices)
         self.open(ref)
         await self.text(ref, spoken)
         await self.close(ref)
