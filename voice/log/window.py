@@ -34,11 +34,12 @@ _BATCH = 16  # turns read per query, newest first
 
 def estimate_tokens(text: str) -> int:
     """Tokens of `text` without a tokenizer: one per 3 characters, rounded
-    up. Measured against SmolLM2's tokenizer (llama.cpp /extras/tokenize,
-    tests/test_window.py) on the assistant's kind of text, English prose
-    runs 3.8-4.6 characters a token and JSON tool arguments 2.6-3.2: three
-    characters a token over-counts prose a little and is close for JSON, so
-    an estimated window errs on the side of fitting."""
+    up. Measured against SmolLM2's tokenizer (benchmarks/token_estimate.py):
+    the person's utterances run 4.0 characters a token, the assistant's
+    replies 4.2, the system prompt 4.8, the tool schemas 3.9 (the estimate
+    is 1.3-1.6 x the real count there), short JSON tool arguments 2.6 (0.9
+    x). So an estimated window errs towards a shorter request, and a server
+    that still refuses one gets a request half as long (voice.agent.loop)."""
     return -(-len(text) // 3)
 
 
