@@ -163,3 +163,37 @@ def test_a_bad_idle_gap_is_one_line_naming_the_key(tmp_path, value):
     out = subprocess.run([sys.executable, "-m", "voice", "config", "show", "--config", str(cfg)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "conversation.idle_gap_s" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def voice(*args: str, tmp_path) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    return subprocess.run([sys.executable, "-m", "voice", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_voice_history_lists_every_conversation_and_shows_an_ended_one(tmp_path):
+    db = tmp_path / "events.db"
+    store = EventStore(db)
+    talk(store, "c-first", "what time is it")
+    store.record("c-first", ev.ConversationEnd(reason="idle", idle_s=1200.0))
+    talk(store, "c-second", "set a timer")
+    store.close()
+    out = voice("history", "--list", "--db", str(db), tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert first.startswith("c-first ") and "1 turns" in first and "ended: idle" in first and "what time is it" in first
+    assert second.startswith("c-second ") and "open" in second
+    listed = voice("history", "--list", "--json", "--db", str(db), tmp_path=tmp_path)
+    assert [c["ended"] for c in __import__("json").loads(listed.stdout)] == ["idle", None]
+    # An ended conversation stays readable.
+    old = voice("history", "--conversation", "c-first", "--db", str(db), tmp_path=tmp_path)
+    assert old.stdout.splitlines() == ["user: what time is it"]
+
+
+def test_list_is_only_for_history(tmp_path):
+    out = voice("ctl", "status", "--list", tmp_path=tmp_path)
+    assert out.returncode != 0 and out.stderr.strip() == "voice: error: --list is for voice ctl history"
