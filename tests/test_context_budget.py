@@ -21,14 +21,19 @@ from voice.surfaces.text import TextSurface
 C = "c-test"
 
 
-def chat_turn(store, n: int, size: int = 120) -> int:
-    """A finished turn: a request and a reply of about `size` characters each."""
+def finished_turn(store, request: str, reply: str, outcome: str = ev.COMPLETED, **flags) -> int:
+    """A turn that ended: the person's request and the reply they heard."""
     turn = store.start_turn(C, ev.TurnStart(source="text"))
-    store.record(C, ev.UserMessage(content=f"chat: question {n} " + "x" * size), turn=turn)
-    store.record(C, ev.AssistantMessage(message_id=f"m{turn}", content=[{"type": "text", "text": f"answer {n} " + "y" * size}]),
+    store.record(C, ev.UserMessage(content=request), turn=turn)
+    store.record(C, ev.AssistantMessage(message_id=f"m{turn}", content=[{"type": "text", "text": reply}], **flags),
                  turn=turn, step=0, attempt=0)
-    store.end_turn(C, turn, ev.COMPLETED)
+    store.end_turn(C, turn, outcome)
     return turn
+
+
+def chat_turn(store, n: int, size: int = 120) -> int:
+    """A request and a reply of about `size` characters each."""
+    return finished_turn(store, f"chat: question {n} " + "x" * size, f"answer {n} " + "y" * size)
 
 
 def tool_turn(store, n: int) -> int:
@@ -47,12 +52,8 @@ def tool_turn(store, n: int) -> int:
 
 def cut_turn(store, n: int) -> int:
     """A turn whose reply the person cut: what they heard, marked interrupted."""
-    turn = store.start_turn(C, ev.TurnStart(source="voice"))
-    store.record(C, ev.UserMessage(content=f"tell me a story {n}"), turn=turn)
-    store.record(C, ev.AssistantMessage(message_id=f"m{turn}", content=[{"type": "text", "text": "Once upon a time"}],
-                                        interrupted=True, surfaceOp="append"), turn=turn, step=0, attempt=0)
-    store.end_turn(C, turn, ev.ABORTED)
-    return turn
+    return finished_turn(store, f"tell me a story {n}", "Once upon a time", ev.ABORTED, interrupted=True,
+                         surfaceOp="append")
 
 
 def turn_cost(store, turn: int) -> int:
@@ -195,6 +196,8 @@ async def test_a_real_model_summarises_what_left_the_window(store):
         agent = server_agent(store, server, context_tokens=1024, reply_tokens=128, system_prompt="Be brief.")
         try:
             result = await agent.run_turn("chat: one more")
+            assert not store.events(C, types={ev.CONVERSATION_SUMMARY})  # not on the turn's critical path
+            await agent.summarize_after(result.turn)
             again = await agent.run_turn("chat: and another")
         finally:
             await agent.provider.aclose()

@@ -186,3 +186,25 @@ async def test_acp_sessions_held_stay_bounded_and_a_released_one_answers(tmp_pat
         response = await acp.prompt(ids[0], [text_block("me again")])
         assert response.stop_reason == "end_turn"
         assert [e.body.content for e in app.store.events(ids[0], types={ev.USER_MESSAGE})] == ["hello 0", "me again"]
+
+
+@pytest.mark.anyio
+async def test_the_text_and_acp_surfaces_hold_the_newest_units_only():
+    import io
+
+    from voice.agent.surface import KEEP_UNITS
+    from voice.surfaces.acp import AcpSurface
+    from voice.surfaces.text import TextSurface
+
+    class Conn:
+        async def session_update(self, session_id, update) -> None:
+            return None
+
+    for surface in (TextSurface(out=io.StringIO()), AcpSurface(Conn(), C)):
+        for turn in range(1, 4 * KEEP_UNITS):
+            ref = UnitRef(C, turn, 0, 0)
+            surface.open(ref)
+            await surface.text(ref, "Hello.")
+            await surface.close(ref)
+            assert surface.delivered(ref).text_chars == len("Hello.")
+        assert len(surface._units) == KEEP_UNITS

@@ -215,12 +215,14 @@ class AgentLoop:
                 self._state = None
                 self.current_turn = None
                 over.set()
-        await self._summarize(turn)
         return TurnResult(turn, outcome)
 
-    async def _summarize(self, turn: int) -> None:
-        """After a turn: when older turns no longer fit the window, the model
-        summarises them (voice.agent.summary). Not for the offline providers."""
+    async def summarize_after(self, turn: int) -> None:
+        """After a turn, once its reply is out (off the turn's critical path):
+        when older turns no longer fit the window, the model summarises them
+        (voice.agent.summary). Not for the offline providers. `cancel()` or
+        `cancel_summary()` (a new request) ends it; it is asked for again
+        after the next turn."""
         if not summarizes(self.provider):
             return
         budget = self._history_budget(_TurnState(turn), self.tools.schemas())

@@ -135,6 +135,8 @@ class TurnRunner:
                             await self._handle(request)
                     finally:
                         self._done(request)
+                    if request.result is not None and not self.waiting and not self._closed:
+                        await self.agent.summarize_after(request.result.turn)  # a request that comes cancels it
             finally:
                 self.close()
                 while True:
