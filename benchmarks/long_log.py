@@ -91,13 +91,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=5000)
     parser.add_argument("--answers", type=int, default=20)
+    parser.add_argument("--fill-only", type=Path, metavar="DIR",
+                        help="only write the long log into DIR (untimed; then time it with --log DIR)")
+    parser.add_argument("--log", type=Path, metavar="DIR", help="a long log written before with --fill-only")
     args = parser.parse_args()
+    if args.fill_only:
+        args.fill_only.mkdir(parents=True, exist_ok=True)
+        fill(args.fill_only / "events.db", args.turns)
+        return 0
     with tempfile.TemporaryDirectory(prefix="voice-long-log-") as tmp:
         empty, full = Path(tmp) / "empty" / "events.db", Path(tmp) / "full" / "events.db"
         empty.parent.mkdir()
         full.parent.mkdir()
         t = time.perf_counter()
-        fill(full, args.turns)
+        if args.log:
+            import shutil
+
+            shutil.copy(args.log / "events.db", full)
+        else:
+            fill(full, args.turns)
         filled_s = time.perf_counter() - t
         # Interleaved, twice each, so a burst of load elsewhere hits both alike.
         runs = {"empty": [], "full": []}

@@ -48,6 +48,9 @@ class LoopbackLLM:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+                if not self.path.endswith("/chat/completions"):  # e.g. a tokenizer endpoint: Ollama has none
+                    self._send(404, "application/json", b'{"error": "not found"}')
+                    return
                 server.requests.append(body)
                 tokens = sum(len(json.dumps(m)) for m in body["messages"]) // 2
                 if server.n_ctx is not None and tokens >= server.n_ctx:

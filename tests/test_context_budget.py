@@ -225,3 +225,22 @@ async def test_the_offline_providers_keep_a_plain_window(store):
     assert not store.events(C, types={ev.CONVERSATION_SUMMARY})
     sent = agent.provider.requests[0].messages
     assert sent[-1]["content"] == "chat: one more" and len(sent) < 2 * 30
+
+
+@pytest.mark.anyio
+async def test_the_models_own_tokenizer_sets_the_count_where_the_server_has_one(tmp_path):
+    from timeline import default_config
+    from voice.app import open_app
+
+    provider = scripted({"text": "Fine."})
+
+    async def count_tokens(text: str) -> int:  # a tokenizer at 5 characters a token
+        return len(text) // 5
+
+    provider.count_tokens = count_tokens
+    async with open_app(default_config(), db=tmp_path / "events.db", llm=provider, data_dir=tmp_path,
+                        recovery=False) as app:
+        assert app.settings.count_tokens("x" * 500) == 110  # its rate, and a tenth more
+    async with open_app(default_config(), db=tmp_path / "events.db", llm=scripted({"text": "Fine."}),
+                        data_dir=tmp_path, recovery=False) as app:
+        assert app.settings.count_tokens("x" * 500) == estimate_tokens("x" * 500)  # none: the estimate

@@ -39,6 +39,8 @@ async def test_a_server_context_refusal_gets_a_shorter_request_and_an_answer(sto
     with running_server(tmp_path, n_ctx=768) as server:
         provider = OpenAICompatibleProvider(server.base_url, server.model, timeout_s=120.0,
                                             extra_body={"max_tokens": 24})
+        # The server counts with the model's own tokenizer (docs/llm-servers.md: /extras/tokenize/count).
+        assert await provider.count_tokens("The tide turns twice a day.") == 7
         # The config claims 2048 tokens: the first window is too long for this server.
         agent = AgentLoop(store, provider, TextSurface(out=io.StringIO()), C, default_tools(),
                           LoopSettings(retry_backoff_s=0.01, context_tokens=2048, reply_tokens=256))

@@ -43,6 +43,18 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text) // 3)
 
 
+def scaled_estimate(chars_per_token: float) -> TokenCounter:
+    """An estimate at a measured rate: the model's own tokenizer counted a
+    sample at `chars_per_token` (voice.app.token_counter); a tenth more is
+    counted, for text that tokenizes worse than the sample."""
+    rate = chars_per_token / 1.1
+
+    def count(text: str) -> int:
+        return int(-(-len(text) // rate))
+
+    return count
+
+
 def message_tokens(message: dict[str, Any], count: TokenCounter = estimate_tokens) -> int:
     """What one history message costs in a request (text, tool calls, overhead)."""
     text = message.get("content") or ""
