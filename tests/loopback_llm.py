@@ -6,6 +6,11 @@ It answers "note: TEXT" with an `add_note` call, any other user message
 with `get_time`, and tool results with "Saved." Tool-call ids are what
 servers really do: `ids="omit"` sends none (the client falls back to
 "call_0"), `ids="repeat"` sends "call_0" in every response.
+
+`n_ctx` makes it refuse a request whose messages hold n_ctx tokens or more
+as llama.cpp does (HTTP 400, its message and code, docs/llm-servers.md),
+counting a token per two characters: a tokenizer that finds more tokens
+than the assistant's estimate, as a real one may.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
 
 
 class LoopbackLLM:
-    def __init__(self, ids: str = "omit"):
+    def __init__(self, ids: str = "omit", n_ctx: int | None = None):
         self.ids = ids
+        self.n_ctx = n_ctx
         self.requests: list[dict[str, Any]] = []
         server = self
 
@@ -42,7 +48,19 @@ class LoopbackLLM:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+                if not self.path.endswith("/chat/completions"):  # e.g. a tokenizer endpoint: Ollama has none
+                    self._send(404, "application/json", b'{"error": "not found"}')
+                    return
                 server.requests.append(body)
+                tokens = sum(len(json.dumps(m)) for m in body["messages"]) // 2
+                if server.n_ctx is not None and tokens >= server.n_ctx:
+                    message = (f"This model's maximum context length is {server.n_ctx} tokens. However, you requested "
+                               f"{tokens} tokens ({tokens} in the messages, 0 in the completion). Please reduce the "
+                               "length of the messages or completion.")
+                    error = {"error": {"message": message, "type": "invalid_request_error", "param": "messages",
+                                       "code": "context_length_exceeded"}}
+                    self._send(400, "application/json", json.dumps(error).encode())
+                    return
                 self._send(200, "text/event-stream", b"".join(server.reply(body["messages"])) + b"data: [DONE]\n\n")
 
             def _send(self, status: int, kind: str, data: bytes) -> None:
@@ -62,6 +80,10 @@ class LoopbackLLM:
 
     def reply(self, messages: list[dict[str, Any]]) -> list[bytes]:
         last = messages[-1]
+        if str(messages[0].get("content", "")).startswith("Summarise"):
+            return [_chunk({"role": "assistant", "content": "The person chatted about numbers."}), _chunk({}, "stop")]
+        if str(last.get("content", "")).startswith("chat: "):
+            return [_chunk({"role": "assistant", "content": "Noted."}), _chunk({}, "stop")]
         if last["role"] == "tool":
             return [_chunk({"role": "assistant", "content": "Saved."}), _chunk({}, "stop")]
         note = re.match(r"note: (.*)", str(last.get("content", "")))

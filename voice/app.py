@@ -43,6 +43,7 @@ from voice.agent.tools import ToolRegistry, default_tools
 from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
 from voice.log.store import EventStore
+from voice.log.window import scaled_estimate
 from voice.paths import data_dir as default_data_dir
 from voice.paths import default_db
 
@@ -51,8 +52,12 @@ Say = Callable[[str], Awaitable[None]]
 
 def loop_settings(config: dict[str, Any]) -> LoopSettings:
     llm = config["llm"]
+    if llm["reply_tokens"] * 2 > llm["context_tokens"]:
+        raise UsageError(f"config: llm.reply_tokens = {llm['reply_tokens']} must be at most half of "
+                         f"llm.context_tokens = {llm['context_tokens']}: lower it, or raise context_tokens")
     return LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
-                        retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"])
+                        retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"],
+                        context_tokens=llm["context_tokens"], reply_tokens=llm["reply_tokens"])
 
 
 def command_environment(config: dict[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -75,6 +80,28 @@ def open_store(config: dict[str, Any], db: str | Path | None = None) -> EventSto
         return EventStore(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+# A sample of what requests hold, for measuring a model's tokenizer: speech
+# as the person says it and replies as the assistant says them.
+_TOKEN_SAMPLE = ("What time is it? Set a timer for ten minutes, please. Take a note: buy milk and eggs. "
+                 "Sure. The tide turns twice a day, because the moon pulls the sea. It is twenty past three. "
+                 "Okay, I saved the note. Your tea timer is done.")
+
+
+async def token_counter(provider: Provider, settings: LoopSettings, schemas: list[dict[str, Any]]) -> None:
+    """Count with the model's own tokenizer where the server offers one:
+    the rate it measures on a sample of the system prompt, the tool schemas
+    and everyday speech replaces the built-in estimate (voice.log.window)."""
+    count = getattr(provider, "count_tokens", None)
+    if count is None:
+        return
+    import json
+
+    sample = "\n".join([settings.system_prompt, json.dumps(schemas, separators=(",", ":")), _TOKEN_SAMPLE])
+    real = await count(sample)
+    if real:
+        settings.count_tokens = scaled_estimate(len(sample) / real)
 
 
 @dataclass
@@ -150,6 +177,7 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
                           kill_after_s=config["tools"]["kill_after_s"], services={"timers": timers},
                           command_env=command_environment(config))
             app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config))
+            await token_counter(provider, app.settings, app.tools.schemas())
             if recovery:
                 report = await recover(store, app.tools, env)
                 if report.closed_turns or report.unknown_writes:

@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or those after --since SEQ) and exits; with --follow it is a stream that "
                                    "prints each new event as it is written, until Ctrl-C.")
     _common(p, db="refused: the daemon keeps its own log (voice history --db PATH reads one)")
-    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "save", "events"))
+    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events"))
     p.add_argument("text", nargs="*", help="for say: the text of the turn; for save: a new directory to write "
                                            "the last few minutes ([record] ring_s) into")
+    p.add_argument("--list", action="store_true", help="for history: list the conversations in the log")
     p.add_argument("--json", action="store_true", help="print the daemon's JSON replies (one per line)")
     p.add_argument("--since", metavar="SEQ", type=int, help="for events: only those after this sequence number")
     p.add_argument("--follow", action="store_true",
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conversation", metavar="ID", help="default: the latest conversation")
     p.add_argument("--json", action="store_true", help="print a JSON list of messages")
     p.add_argument("--chat", action="store_true", help="print the chat view instead")
+    p.add_argument("--list", action="store_true",
+                   help="list the conversations (id, turns, when, how it ended, its first words)")
 
     p = sub.add_parser("trace", help="the trajectory of one turn: each provider request and its fate")
     _common(p)
@@ -204,6 +207,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     from voice.log.projections import chat_view, derive_messages, message_line
 
     store = _store(args, _config(args))
+    if args.list:
+        return _list_conversations(store, args.json)
     conv = _conversation_of(store, args)
     if args.chat:
         print("\n".join(chat_view(store, conv)))
@@ -212,6 +217,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     else:
         for m in derive_messages(store, conv):
             print(message_line(m))
+    return 0
+
+
+def _list_conversations(store, as_json: bool) -> int:
+    from voice.log.conversations import list_conversations
+    from voice.service.ctl_format import conversation_lines
+
+    listed = [c.__dict__ for c in list_conversations(store)]
+    print(json.dumps(listed, ensure_ascii=False, indent=2) if as_json else "\n".join(conversation_lines(listed)))
     return 0
 
 
@@ -320,7 +334,11 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         raise UsageError(f"voice ctl {args.cmd} takes no text (only say and save do)")
     if (args.since is not None or args.follow) and args.cmd != "events":
         raise UsageError("--since and --follow are for voice ctl events")
+    if args.list and args.cmd != "history":
+        raise UsageError("--list is for voice ctl history")
     payload: dict[str, Any] = {"cmd": args.cmd}
+    if args.list:
+        payload["list"] = True
     if args.cmd == "say":
         if not args.text:
             raise UsageError("voice ctl say needs the text to say, e.g. voice ctl say what time is it")

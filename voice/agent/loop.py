@@ -36,11 +36,14 @@ from voice.agent.providers.base import (
     TextDelta,
     ToolCallDelta,
 )
+from voice.agent.summary import due as summary_due
+from voice.agent.summary import summarize, summarizes
 from voice.agent.surface import Delivered, Surface, UnitRef
 from voice.agent.tools import ToolError, ToolRegistry
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
 from voice.log import events as ev
 from voice.log.projections import derive_history, provider_messages
+from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens
 from voice.log.store import EventStore
 from voice.paths import data_dir
 
@@ -52,6 +55,11 @@ class LoopSettings:
     retry_backoff_s: float = 0.5
     max_steps: int = 8
     stop_bound_s: float = 2.0  # shielded clean-up after a cancel
+    # The context budget (voice.log.window): a request's messages and tool
+    # schemas stay within context_tokens - reply_tokens.
+    context_tokens: int = 4096
+    reply_tokens: int = 512
+    count_tokens: TokenCounter = estimate_tokens
 
 
 @dataclass
@@ -86,6 +94,7 @@ class _TurnState:
     playing: list[UnitRef] = field(default_factory=list)
     pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
     held_text: str = ""  # streamed after a write call; waits for its receipt
+    shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,7 @@ class AgentLoop:
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
+        self._summary_scope: anyio.CancelScope | None = None
 
     # -- public ------------------------------------------------------------
 
@@ -150,11 +160,18 @@ class AgentLoop:
         """Stop the running turn: `aborted` when the person stopped it
         (barge-in, Ctrl-C), `interrupted` for a shutdown. Returns False if
         no turn runs."""
+        self.cancel_summary()
         if self._scope is None:
             return False
         self._cancel_outcome = outcome
         self._scope.cancel()
         return True
+
+    def cancel_summary(self) -> None:
+        """A summary being written after a turn gives way to the next request
+        (it is asked for again after the next turn)."""
+        if self._summary_scope is not None:
+            self._summary_scope.cancel()
 
     def in_flight(self) -> BlockAssembler | None:
         """The assembler of the provider request in flight, if any (status, tests)."""
@@ -204,6 +221,26 @@ class AgentLoop:
                 over.set()
         return TurnResult(turn, outcome)
 
+    async def summarize_after(self, turn: int) -> None:
+        """After a turn, once its reply is out (off the turn's critical path):
+        when older turns no longer fit the window, the model summarises them
+        (voice.agent.summary). Not for the offline providers. `cancel()` or
+        `cancel_summary()` (a new request) ends it; it is asked for again
+        after the next turn."""
+        if not summarizes(self.provider):
+            return
+        budget = self._history_budget(_TurnState(turn), self.tools.schemas())
+        turns = summary_due(self.store, self.conversation, budget, self.settings.count_tokens)
+        if turns is None:
+            return
+        with anyio.CancelScope() as scope:
+            self._summary_scope = scope
+            try:
+                await summarize(self.store, self.provider, self.conversation, turn, turns, budget,
+                                self.settings.count_tokens)
+            finally:
+                self._summary_scope = None
+
     # -- steps -------------------------------------------------------------
 
     async def _run_steps(self, state: _TurnState) -> str:
@@ -232,16 +269,30 @@ class AgentLoop:
         return ev.COMPLETED
 
     async def _request_with_retries(self, state: _TurnState) -> BlockAssembler | None:
-        for attempt in range(self.settings.retries + 1):
+        attempt = retries = 0
+        while True:
             state.attempt = attempt
             try:
                 return await self._stream(state)
             except ProviderError as exc:
-                if not exc.retryable or attempt == self.settings.retries:
+                attempt += 1
+                if exc.context_exceeded and state.shrink == 1:
+                    # Our count was off for this model: the same request
+                    # would fail again, a window half as long may not. Once.
+                    state.shrink = 2
+                    continue
+                if not exc.retryable or retries == self.settings.retries:
                     await self.surface.notice(f"the language model failed: {exc}")
                     return None
-            await anyio.sleep(self.settings.retry_backoff_s * (2**attempt))
-        return None
+            await anyio.sleep(self.settings.retry_backoff_s * (2**retries))
+            retries += 1
+
+    def _history_budget(self, state: _TurnState, schemas: list[dict[str, Any]]) -> int:
+        """Tokens left for the conversation once the system prompt, the tool
+        schemas and the reply's reserve are counted."""
+        s = self.settings
+        fixed = message_tokens({"content": s.system_prompt}, s.count_tokens) + tools_tokens(schemas, s.count_tokens)
+        return max(0, s.context_tokens - s.reply_tokens - fixed) // state.shrink
 
     async def _stream(self, state: _TurnState) -> BlockAssembler:
         """One provider request. Commits the message on a normal finish;
@@ -251,9 +302,11 @@ class AgentLoop:
         state.streaming = _Streaming(ref, assembler)
         self._record(state, ev.AssistantStream.start(self._route()))
         self.surface.open(ref)
-        history = derive_history(self.store, self.conversation)
+        schemas = self.tools.schemas()
+        history = derive_history(self.store, self.conversation, budget=self._history_budget(state, schemas),
+                                 count=self.settings.count_tokens)
         request = ModelRequest(messages=provider_messages(history.messages, self.settings.system_prompt),
-                               tools=self.tools.schemas(), tool_results=history.tool_results)
+                               tools=schemas, tool_results=history.tool_results)
         stream = self.provider.stream(request)
         gate: int | None = None  # blocks from here on follow a write call: held back
         try:

@@ -75,3 +75,15 @@ class Surface(Protocol):
     async def notice(self, text: str) -> None:
         """A message from the assistant itself, not from the model (errors,
         hints). Not part of model history."""
+
+
+#: Units (messages) a text or ACP surface keeps what it knows of, the newest:
+#: what was delivered of one is read while its turn runs, never after.
+KEEP_UNITS = 64
+
+
+def hold_newest(units: dict, keep: int = KEEP_UNITS) -> None:
+    """Let go of the oldest units beyond `keep` (a dict keeps insertion order),
+    so a surface that lives for weeks holds a bounded number."""
+    while len(units) > keep:
+        del units[next(iter(units))]

@@ -20,6 +20,10 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+#: Positions of the newest pauses, resumes, clears and chunk starts kept (a
+#: service runs for weeks: diagnostics need the recent ones, not all).
+KEEP_MARKS = 256
+
 import numpy as np
 
 
@@ -41,9 +45,30 @@ class _Chunk:
         self.samples = _RELEASED
 
 
+class Marks(list):
+    """A list of device positions that holds the newest `keep` to `2 * keep`
+    of them (None: all, for a finite replay); older ones are dropped in
+    batches, so an append stays cheap."""
+
+    def __init__(self, keep: int | None):
+        super().__init__()
+        self.keep = keep
+
+    def append(self, position: int) -> None:
+        super().append(position)
+        if self.keep is not None and len(self) > 2 * self.keep:
+            del self[: len(self) - self.keep]
+
+
 @dataclass
 class PlaybackBuffer:
+    """`keep`: how many of each kind of position mark (`pauses`, `resumes`,
+    `clears`, `starts`) are kept, the newest; None keeps all (a finite
+    replay reads them afterwards). Chunks are forgotten by their owner
+    (`forget`) once their delivery has been read."""
+
     rate: int
+    keep: int | None = KEEP_MARKS
     _queue: deque[_Chunk] = field(default_factory=deque)
     _chunks: dict[Hashable, _Chunk] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -52,16 +77,21 @@ class PlaybackBuffer:
     _pause_requested: bool | None = None  # True: pause, False: resume, at the next pull
     paused: bool = False
     #: device positions at which output was paused / resumed (barge-in that may be confirmed)
-    pauses: list[int] = field(default_factory=list)
-    resumes: list[int] = field(default_factory=list)
+    pauses: Marks = field(init=False)
+    resumes: Marks = field(init=False)
     position: int = 0
     #: device positions at which a requested clear was carried out
-    clears: list[int] = field(default_factory=list)
+    clears: Marks = field(init=False)
+    #: how many clears were carried out, ever (waiting for the next one)
+    clear_count: int = 0
     #: device positions at which a chunk's first sample was handed over
-    starts: list[int] = field(default_factory=list)
+    starts: Marks = field(init=False)
     #: called (from the thread that pulls) after a pull that started or
     #: finished a chunk, or carried out a clear, drop, pause or resume
     _listeners: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pauses, self.resumes, self.clears, self.starts = (Marks(self.keep) for _ in range(4))
 
     def subscribe(self, listener) -> None:
         """`listener()` is called after every pull that changed what plays;
@@ -112,6 +142,7 @@ class PlaybackBuffer:
                 self._queue.clear()
                 self._clear_requested = False
                 self.clears.append(self.position)
+                self.clear_count += 1
             if self._pause_requested is not None:
                 changed = changed or self._pause_requested != self.paused
                 if self._pause_requested and not self.paused:
@@ -192,5 +223,14 @@ class PlaybackBuffer:
             return list(self._chunks)
 
     def forget(self, key: Hashable) -> None:
+        """Drop a chunk's bookkeeping (what was heard of it): its owner has
+        read what it needed. A chunk still queued is dropped from the queue."""
         with self._lock:
-            self._chunks.pop(key, None)
+            chunk = self._chunks.pop(key, None)
+            if chunk is not None and any(c is chunk for c in self._queue):
+                self._drop_requested.add(key)
+
+    def tracked(self) -> int:
+        """Chunks whose bookkeeping is held (a test that it stays bounded)."""
+        with self._lock:
+            return len(self._chunks)

@@ -19,6 +19,7 @@ and a built-in microphone would.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,22 +80,38 @@ class PlacedClip:
         return self.start + len(self.clip.audio)
 
 
+#: Tick lateness figures kept when the device does not record (the newest: 60 s).
+KEEP_TICKS = 3000
+
+
 @dataclass
 class ReplayDevice:
+    """`record` (default: unless `hold`): keep the whole session (mic and
+    played audio, every tick's lateness, every playback mark) for a summary
+    written afterwards. Without it the device keeps bounded recent figures
+    only, so a replay of any length (the daemon's, a soak) runs in flat memory."""
+
     scenario: ReplayScript
     idle: Callable[[], bool]  # True when the assistant has nothing to do or say
-    buffer: PlaybackBuffer = field(default_factory=lambda: PlaybackBuffer(MIC_RATE))
+    buffer: PlaybackBuffer | None = None
     realtime: bool = False
     hold: bool = False  # after the scenario, keep listening to silence until cancelled (the daemon)
+    record: bool | None = None
     position: int = 0
     placed: list[PlacedClip] = field(default_factory=list)
     mic_blocks: list[np.ndarray] = field(default_factory=list)
     played_blocks: list[np.ndarray] = field(default_factory=list)
-    tick_lateness: list[float] = field(default_factory=list)
+    tick_lateness: deque[float] = field(init=False)
     gave_up: str | None = None
     _echo: "_EchoPath | None" = None
+    _audible_from: int = 0  # placed clips before this one have ended: mixing skips them
 
     def __post_init__(self) -> None:
+        if self.record is None:
+            self.record = not self.hold
+        if self.buffer is None:
+            self.buffer = PlaybackBuffer(MIC_RATE, keep=None) if self.record else PlaybackBuffer(MIC_RATE)
+        self.tick_lateness = deque(maxlen=None if self.record else KEEP_TICKS)
         if self.scenario.echo is not None:
             self._echo = _EchoPath(self.scenario.echo)
 
@@ -129,7 +146,7 @@ class ReplayDevice:
             if self._echo is not None:
                 mic = self._echo.add(played, mic)
             await on_mic(mic.tobytes(), played.tobytes())
-            if not self.hold:  # a daemon may run for days: keep no recording
+            if self.record:  # a daemon may run for days: keep no recording
                 self.played_blocks.append(played)
                 self.mic_blocks.append(mic)
             self.position += n
@@ -167,7 +184,9 @@ class ReplayDevice:
 
     def _mix(self, start: int, n: int) -> np.ndarray:
         out = np.zeros(n, np.int32)
-        for p in self.placed:
+        while self._audible_from < len(self.placed) and self.placed[self._audible_from].end <= start:
+            self._audible_from += 1  # (clips are placed in order: a tick's cost stays flat)
+        for p in self.placed[self._audible_from:]:
             lo, hi = max(start, p.start), min(start + n, p.end)
             if lo < hi:
                 out[lo - start : hi - start] += p.clip.audio[lo - p.start : hi - p.start]

@@ -497,6 +497,30 @@ class ConversationFork(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ConversationEnd(Body):
+    """The conversation is over: the next request opens a new one. Nothing is
+    deleted; an ended conversation stays readable and forkable. Timers and
+    notes are not conversation state and outlive it."""
+
+    TYPE = "conversation/end"
+    reason: str  # idle (the gap passed) | asked (the person said so) | new (`voice ctl new`)
+    idle_s: float | None = optional()  # the gap that ended it (reason idle)
+    words: str | None = optional()  # what the person said (reason asked)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversationSummary(Body):
+    """What the model wrote of turns `first_turn`..`last_turn` once they no
+    longer fit the context window: requests carry it in their place."""
+
+    TYPE = "conversation/summary"
+    text: str
+    first_turn: int
+    last_turn: int
+    route: Route | None = optional()
+
+
+@dataclass(frozen=True, kw_only=True)
 class TimerSet(Body):
     TYPE = "timer/set"
     DURABLE = True
@@ -583,6 +607,8 @@ LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LATE_OUTPUT: Final = LateOutput.TYPE
 CONVERSATION_FORK: Final = ConversationFork.TYPE
+CONVERSATION_END: Final = ConversationEnd.TYPE
+CONVERSATION_SUMMARY: Final = ConversationSummary.TYPE
 TIMER_SET: Final = TimerSet.TYPE
 TIMER_CANCEL: Final = TimerCancel.TYPE
 TIMER_FIRED: Final = TimerFired.TYPE

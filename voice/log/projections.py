@@ -13,6 +13,15 @@ from typing import Any
 from voice.log import events as ev
 from voice.log.events import Event, blocks_text
 from voice.log.store import EventStore, new_conversation_id
+from voice.log.window import (
+    TokenCounter,
+    assistant_entry,
+    derive_window,
+    estimate_tokens,
+    tool_result_text,
+)
+
+__all__ = ["tool_result_text"]  # (re-exported: history renders results the window's way)
 
 
 def message_text(payload: dict[str, Any]) -> str:
@@ -22,31 +31,6 @@ def message_text(payload: dict[str, Any]) -> str:
 
 def _played_by_message(events: list[Event]) -> dict[str, ev.SpeechPlayed]:
     return {e.body.message_id: e.body for e in events if e.type == ev.SPEECH_PLAYED}
-
-
-def _upto(events: list[Event], upto: int | None) -> list[Event]:
-    if upto is None:
-        return events
-    return [e for e in events if e.turn is None or e.turn <= upto]
-
-
-def _assistant_entry(message: ev.AssistantMessage, played: dict[str, ev.SpeechPlayed]) -> dict[str, Any] | None:
-    """An assistant/message as model history sees it: cut to what was heard."""
-    text = message.text
-    interrupted = message.interrupted
-    heard = played.get(message.message_id)
-    if heard is not None and not heard.complete:
-        text = text[: heard.chars]
-        interrupted = True
-    calls = message.tool_calls or []
-    if not text.strip() and not calls:
-        return None  # nothing of it reached the person or the tools
-    msg: dict[str, Any] = {"role": "assistant", "content": text}
-    if interrupted:
-        msg["interrupted"] = True
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
 
 
 @dataclass(frozen=True)
@@ -60,29 +44,22 @@ class History:
     tool_results: dict[str, ev.ToolResult] = field(default_factory=dict)
 
 
-def derive_history(store: EventStore, conversation: str, upto: int | None = None) -> History:
-    events = _upto(store.events(conversation, types=ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}), upto)
-    played = _played_by_message(events)
-    history = History([])
-    for e in events:
-        body = e.body
-        if isinstance(body, ev.UserMessage):
-            history.messages.append({"role": "user", "content": body.content})
-        elif isinstance(body, ev.AssistantMessage):
-            msg = _assistant_entry(body, played)
-            if msg is not None:
-                history.messages.append(msg)
-        elif isinstance(body, ev.ToolResult):
-            history.messages.append({"role": "tool", "tool_call_id": body.tool_call_id,
-                                     "content": tool_result_text(body)})
-            history.tool_results[body.tool_call_id] = body  # (a log from before ids were minted: the latest)
-    return history
+def derive_history(store: EventStore, conversation: str, upto: int | None = None,
+                   budget: int | None = None, count: TokenCounter = estimate_tokens) -> History:
+    """See `derive_messages`."""
+    window = derive_window(store, conversation, budget, upto=upto, count=count)
+    return History(window.messages, window.tool_results)
 
 
-def derive_messages(store: EventStore, conversation: str, upto: int | None = None) -> list[dict[str, Any]]:
+def derive_messages(store: EventStore, conversation: str, upto: int | None = None,
+                    budget: int | None = None) -> list[dict[str, Any]]:
     """The model history of a conversation (up to and including turn `upto`):
-    a list of {"role", "content", "interrupted"?, "tool_calls"?, "tool_call_id"?}."""
-    return derive_history(store, conversation, upto).messages
+    a list of {"role", "content", "interrupted"?, "tool_calls"?, "tool_call_id"?}.
+    When the model has summarised older turns, their summary comes first
+    (a system message with "summary": [first, last] turn) in their place;
+    with a `budget` (tokens), only the newest whole turns that fit follow it
+    (voice.log.window)."""
+    return derive_history(store, conversation, upto, budget).messages
 
 
 @dataclass(frozen=True)
@@ -103,7 +80,7 @@ def turn_reply(store: EventStore, conversation: str, turn: int) -> TurnReply:
         if e.type == ev.ASSISTANT_MESSAGE:
             message = e.body
             generated.append("".join(d for _, kind, d in message.stream or [] if kind == "text").strip())
-            msg = _assistant_entry(message, played)
+            msg = assistant_entry(message, played)
             if msg is not None and msg["content"].strip():
                 delivered.append(msg["content"].strip())
             interrupted = interrupted or bool(msg and msg.get("interrupted"))
@@ -121,25 +98,18 @@ def message_line(m: dict[str, Any]) -> str:
     return f"{m['role']}: {m['content']}{flag}{calls}"
 
 
-def tool_result_text(result: ev.ToolResult) -> str:
-    """A tool result as the model reads it: for a write, what its receipt
-    proves comes first ("confirmed: ...", never "cancelled")."""
-    if result.status == "ok":
-        content = result.content
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        return f"{result.receipt}: {text}" if result.receipt else text
-    if result.receipt and result.status != ev.BLOCKED:
-        return f"{result.receipt}: {result.error or ''}".strip()
-    return f"{result.status}: {result.error or result.content or ''}".strip()
-
-
 def provider_messages(history: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
-    """History as an OpenAI-style request: our bookkeeping keys removed."""
-    out = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    """History as an OpenAI-style request: our bookkeeping keys removed. A
+    summary of older turns joins the system prompt (one system message:
+    some chat templates refuse a second)."""
+    system = [system_prompt] if system_prompt else []
+    out = []
     for m in history:
-        m = {k: v for k, v in m.items() if k != "interrupted"}
-        out.append(m)
-    return out
+        if "summary" in m:
+            system.append(m["content"])
+            continue
+        out.append({k: v for k, v in m.items() if k != "interrupted"})
+    return ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + out
 
 
 # -- chat view ---------------------------------------------------------------
@@ -163,7 +133,7 @@ def chat_view(store: EventStore, conversation: str) -> list[str]:
             for block in message.content:
                 if block.get("type") == "reasoning":
                     lines.append(f"  (thinking) {block['text'].strip()}")
-            msg = _assistant_entry(message, played)
+            msg = assistant_entry(message, played)
             if msg is not None and (msg["content"].strip() or msg.get("interrupted")):
                 stopped = " [stopped]" if msg.get("interrupted") else ""
                 lines.append(f"assistant: {msg['content'].strip()}{stopped}")
@@ -202,7 +172,8 @@ class RequestRecord:
 # The events that say something of a request (a tool call or a receipt of
 # its step adds nothing to its record).
 _TRAJECTORY_TYPES = frozenset({ev.STEP_START, ev.STEP_END, ev.ASSISTANT_STREAM, ev.ASSISTANT_MESSAGE,
-                               ev.ASSISTANT_ATTEMPT, ev.REQUEST_ERROR, ev.TOOL_RESULT, ev.SPEECH_PLAYED})
+                               ev.ASSISTANT_ATTEMPT, ev.REQUEST_ERROR, ev.TOOL_RESULT, ev.SPEECH_PLAYED,
+                               ev.CONVERSATION_SUMMARY})
 
 
 def trajectory(store: EventStore, conversation: str, turn: int) -> tuple[list[RequestRecord], str | None]:
@@ -239,6 +210,9 @@ def trajectory(store: EventStore, conversation: str, turn: int) -> tuple[list[Re
             rec.lifecycle.append(f"error: {rec.error}")
         elif isinstance(body, ev.ToolResult):
             rec.lifecycle.append(f"tool {body.name}: {body.status}")
+        elif isinstance(body, ev.ConversationSummary):
+            rec.outcome, rec.result_seq = "summary", e.seq
+            rec.lifecycle.append(f"summary of turns {body.first_turn}-{body.last_turn}: {body.text}")
         elif isinstance(body, ev.SpeechPlayed) and not body.complete:
             rec.lifecycle.append(f"played {body.words} words, then stopped")
     return [records[k] for k in sorted(records)], outcome

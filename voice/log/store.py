@@ -48,7 +48,7 @@ from voice.log.events import (
 from voice.log.feed import DEFAULT_BUFFER, EventFeed, Subscription
 from voice.log.wal import find_damage, in_use
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry upgrades a database from version N-1 to N. Version 0 is the
 # first layout (events table only); every later step must keep old rows valid.
@@ -85,6 +85,16 @@ _MIGRATIONS: dict[int, str] = {
     CREATE UNIQUE INDEX one_receipt_per_phase
         ON events(conversation, turn, step, json_extract(payload, '$.tool_call_id'), json_extract(payload, '$.phase'))
         WHERE type = 'effect/receipt';
+    """,
+    # Per-turn cost stays flat however long the log (issue #14): a new turn's
+    # id (MAX(turn)) is read from an index, a context window reads the
+    # newest turns of a conversation by (conversation, turn), and the rare
+    # kinds (timers, conversation ends and summaries, turn starts) are found
+    # by type without a scan.
+    4: """
+    CREATE INDEX IF NOT EXISTS events_by_turn ON events(turn);
+    CREATE INDEX IF NOT EXISTS events_by_conversation_turn ON events(conversation, turn);
+    CREATE INDEX IF NOT EXISTS events_by_type ON events(type, conversation, seq);
     """,
 }
 
@@ -305,7 +315,10 @@ class EventStore:
         turn: int | None = None,
         types: set[str] | frozenset[str] | None = None,
         after_seq: int = 0,
+        turns: tuple[int, int] | None = None,
     ) -> list[Event]:
+        """Events in log order; `turns` = (first, last): only those of the
+        turns in that range (both included)."""
         sql = "SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events WHERE seq > ?"
         args: list[Any] = [after_seq]
         if conversation is not None:
@@ -314,6 +327,9 @@ class EventStore:
         if turn is not None:
             sql += " AND turn = ?"
             args.append(turn)
+        if turns is not None:
+            sql += " AND turn BETWEEN ? AND ?"
+            args.extend(turns)
         if types:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(sorted(types))
@@ -328,6 +344,38 @@ class EventStore:
         """Conversation ids, oldest first (by their first event)."""
         rows = self._db.execute("SELECT conversation, MIN(seq) AS first FROM events GROUP BY conversation ORDER BY first")
         return [r[0] for r in rows]
+
+    def turns(self, conversation: str, *, before: int | None = None, limit: int = 64) -> list[int]:
+        """The conversation's turn ids, newest first: at most `limit`, all
+        below `before` when given (an index walk: the cost of the answer,
+        not of the conversation)."""
+        sql = "SELECT DISTINCT turn FROM events WHERE conversation = ? AND turn IS NOT NULL"
+        args: list[Any] = [conversation]
+        if before is not None:
+            sql += " AND turn < ?"
+            args.append(before)
+        return [r[0] for r in self._db.execute(sql + " ORDER BY turn DESC LIMIT ?", [*args, limit])]
+
+    def first_turn(self, conversation: str, *, after: int = 0) -> int | None:
+        """The conversation's oldest turn id above `after` (by index)."""
+        (turn,) = self._db.execute("SELECT MIN(turn) FROM events WHERE conversation = ? AND turn > ?",
+                                   (conversation, after)).fetchone()
+        return turn
+
+    def last_of(self, conversation: str, types: set[str] | frozenset[str]) -> Event | None:
+        """The conversation's latest event of these types (by index)."""
+        marks = ",".join("?" * len(types))
+        row = self._db.execute(
+            "SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events"
+            f" WHERE type IN ({marks}) AND conversation = ? ORDER BY seq DESC LIMIT 1", [*sorted(types), conversation]
+        ).fetchone()
+        return self._row(row) if row else None
+
+    def conversation_spans(self) -> list[tuple[str, int, float, float]]:
+        """(conversation, events, first at_wall, last at_wall), oldest first."""
+        rows = self._db.execute("SELECT conversation, COUNT(*), MIN(at_wall), MAX(at_wall), MIN(seq) AS first"
+                                " FROM events GROUP BY conversation ORDER BY first")
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def latest_conversation(self) -> str | None:
         row = self._db.execute("SELECT conversation FROM events ORDER BY seq DESC LIMIT 1").fetchone()

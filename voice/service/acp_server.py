@@ -92,9 +92,20 @@ class _Session:
     agent: AgentLoop
 
 
+#: ACP sessions held in memory, the most recently used (an editor opens a
+#: session per chat and never closes one: over weeks, thousands).
+KEEP_SESSIONS = 16
+
+
 class VoiceAcpAgent:
     """The acp.Agent: initialize, session/new, session/prompt, session/cancel.
-    Methods it does not define answer "method not found"."""
+    Methods it does not define answer "method not found".
+
+    A session is a conversation in the log. Only the `KEEP_SESSIONS` most
+    recently used are held in memory (their surface and agent loop); a
+    prompt to an older one builds them again from its id: the log holds
+    all the conversation has, so nothing is lost by letting them go. (A
+    session never prompted has nothing in the log yet: it stays held.)"""
 
     def __init__(self, app: App):
         self.app = app
@@ -127,16 +138,37 @@ class VoiceAcpAgent:
         if mcp_servers:
             log.warning("acp: MCP servers are not supported; ignoring %d", len(mcp_servers))
         conversation = new_conversation_id()
-        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config["chat"]["show_reasoning"])
-        agent = self.app.agent(surface, conversation, reported_tools(self.app.tools, surface))
-        self.sessions[conversation] = _Session(surface, agent)
+        self._hold(conversation)
         self.active = conversation
         return NewSessionResponse(session_id=conversation)
+
+    def _hold(self, conversation: str) -> _Session:
+        """The session's surface and agent, built for it, newest last; the
+        least recently used idle ones beyond KEEP_SESSIONS are let go."""
+        session = self.sessions.pop(conversation, None)
+        if session is None:
+            surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config["chat"]["show_reasoning"])
+            session = _Session(surface, self.app.agent(surface, conversation, reported_tools(self.app.tools, surface)))
+        self.sessions[conversation] = session
+        # Let go of the least recently used that the log can rebuild (idle, with a turn).
+        spare = [c for c, s in self.sessions.items() if c != conversation and not s.agent.busy
+                 and self.app.store.first_turn(c) is not None]
+        for old in spare[: max(0, len(self.sessions) - KEEP_SESSIONS)]:
+            del self.sessions[old]
+        return session
+
+    def _session(self, session_id: str) -> _Session | None:
+        """A held session, or one let go that the log still has."""
+        if session_id in self.sessions:
+            return self._hold(session_id)
+        if session_id.startswith("c-") and self.app.store.first_turn(session_id) is not None:
+            return self._hold(session_id)
+        return None
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any):
         from acp import PromptResponse, RequestError
 
-        session = self.sessions.get(session_id)
+        session = self._session(session_id)
         if session is None:
             raise RequestError.invalid_params({"sessionId": session_id, "details": "no such session"})
         if session.agent.busy:

@@ -78,5 +78,6 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
             if not interactive:
                 out.write(f"you: {line}\n")
                 out.flush()
-            await agent.run_turn(line, source="text")
+            result = await agent.run_turn(line, source="text")
+            await agent.summarize_after(result.turn)  # the reply is out: older turns summarised, if due
         tg.cancel_scope.cancel()

@@ -5,7 +5,7 @@ that another user could create first). A directory that exists with another
 owner, as a symlink, or writable by others is refused, not used.
 
 Requests are objects with a "cmd": status, say {"text"}, cancel, mute,
-unmute, history, save {"dir": an absolute path}, events {"after"?, "follow"?}. Each gets one reply line
+unmute, history {"list"?}, new, save {"dir": an absolute path}, events {"after"?, "follow"?}. Each gets one reply line
 ({"ok": true, ...} or {"ok": false, "error": ...}); `events` then sends the
 log's events after "after" (default: from now) as lines, and with "follow"
 (the default) keeps streaming new ones until the client goes away; with
@@ -43,6 +43,7 @@ from voice.agent.loop import TurnResult
 from voice.errors import Failed, UsageError
 from voice.log.feed import follow as follow_log
 from voice.log.projections import turn_reply
+from voice.log.conversations import ended, list_conversations
 from voice.log.store import EventStore
 from voice.paths import state_dir
 
@@ -53,7 +54,7 @@ IDLE_S = 60.0
 SEND_S = 10.0
 _MAX_INT = 2**63 - 1  # what SQLite holds
 _SOCKET_PATH_MAX = 107  # sun_path, less its NUL
-COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "save", "events")
+COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events")
 
 
 def socket_path(config: dict[str, Any]) -> Path:
@@ -166,6 +167,9 @@ class Assistant(Protocol):
     def mute(self, muted: bool) -> bool: ...
 
     def history(self) -> list[dict[str, Any]]: ...
+
+    async def new_conversation(self) -> str:
+        """End the conversation (after a running turn); the id of the next one."""
 
 
 # Writes what the session kept (voice.service.recording) into a new directory;
@@ -293,6 +297,9 @@ class ControlServer:
             return {"ok": True, "cancelled": await a.cancel()}
         if cmd in ("mute", "unmute"):
             return {"ok": True, "muted": a.mute(cmd == "mute")}
+        if cmd == "history" and request.get("list"):
+            listed = [c.__dict__ for c in list_conversations(a.store)]
+            return {"ok": True, "conversation": a.conversation, "conversations": listed}
         if cmd == "history":
             return {"ok": True, "conversation": a.conversation, "messages": a.history()}
         if cmd == "save":
@@ -303,6 +310,15 @@ class ControlServer:
                 return {"ok": True, **self.save(Path(directory))}
             except (ValueError, OSError) as exc:
                 return {"ok": False, "error": str(exc)}
+        if cmd == "new":
+            before = a.conversation
+            try:
+                after = await a.new_conversation()
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return {"ok": False, "error": "the assistant is shutting down"}
+            end = ended(a.store, before)
+            return {"ok": True, "conversation": after, "ended": before if after != before else None,
+                    "reason": end.reason if end else None}
         return {"ok": False, "error": f"unknown command {cmd!r}; known: {', '.join(COMMANDS)}"}
 
     async def _events(self, stream: ByteStream, request: dict[str, Any]) -> None:

@@ -80,7 +80,28 @@ def _save(r: dict[str, Any]) -> list[str]:
 def _history(r: dict[str, Any]) -> list[str]:
     from voice.log.projections import message_line
 
+    if "conversations" in r:
+        return conversation_lines(r["conversations"], r.get("conversation"))
     return [message_line(m) for m in r.get("messages", [])]
+
+
+def conversation_lines(conversations: list[dict[str, Any]], current: str | None = None) -> list[str]:
+    """One line per conversation: id, turns, last activity, how it ended, its first words."""
+    import time
+
+    lines = []
+    for c in conversations:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c["last_wall"]))
+        state = "current" if c["conversation"] == current else (f"ended: {c['ended']}" if c["ended"] else "open")
+        words = c["first_words"] if len(c["first_words"]) <= 60 else c["first_words"][:57] + "..."
+        lines.append(f"{c['conversation']}  {c['turns']:>4} turns  {when}  {state:<12}  {words}")
+    return lines or ["(no conversations yet)"]
+
+
+def _new(r: dict[str, Any]) -> list[str]:
+    if not r.get("ended"):
+        return [f"conversation: {r.get('conversation')} (nothing said in it yet: it stays)"]
+    return [f"new conversation: {r.get('conversation')} ({r['ended']} ended)"]
 
 
 def _event(r: dict[str, Any]) -> list[str]:
@@ -95,5 +116,5 @@ def _event(r: dict[str, Any]) -> list[str]:
 
 _FORMATS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "status": _status, "say": _say, "cancel": _cancel, "mute": _mute, "unmute": _mute, "history": _history,
-    "save": _save, "events": _event,
+    "new": _new, "save": _save, "events": _event,
 }

@@ -82,7 +82,7 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     quiet_pipecat()
 
     from voice.app import open_app
-    from voice.log.store import new_conversation_id
+    from voice.log.conversations import resume_or_new
     from voice.service.control import ControlServer, checked_socket_path
     from voice.service.recording import save_session
 
@@ -111,7 +111,7 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
             models = load_models(config, device.out_rate, echo_cancellation=config["audio"]["echo_cancellation"],
                                  echo_required=False)
             session = build_voice_session(
-                app, device, models, settings, conversation=app.store.latest_conversation() or new_conversation_id(),
+                app, device, models, settings, conversation=resume_or_new(app.store, config["conversation"]["idle_gap_s"]),
                 aside=(lambda line: print(line, flush=True)) if verbose else None, recorder=recorder,
                 play_at=scenario.play_at(device.out_rate) if scenario is not None else None)
             running.append(session)

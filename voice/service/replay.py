@@ -76,7 +76,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
                                  echo_cancellation=aec_on, echo_required=True)
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
                                           aside=(lambda line: print(line, flush=True)) if verbose else None,
-                                          play_at=scenario.play_at(device.out_rate))
+                                          play_at=scenario.play_at(device.out_rate),
+                                          keep=None)  # a replay is finite: its summary reads every turn
             running.append(session)
             started = time.perf_counter()
             await session.run()

@@ -66,12 +66,15 @@ def listen_gate(settings: VoiceSettings):
 def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, settings: VoiceSettings, *,
                         conversation: str, transcript: Callable[[str], None] = lambda line: print(line, flush=True),
                         aside: Callable[[str], None] | None = None, recorder: Any = None,
-                        play_at: dict[tuple[str, int], int] | None = None) -> VoiceSession:
+                        play_at: dict[tuple[str, int], int] | None = None, keep: int | None = 64) -> VoiceSession:
     """A session on `device`, answering in `conversation` with the app's
     provider and tools; `transcript` gets the lines a person reads, `aside`
     (with -v) what was heard and not acted on; `recorder` (a
     voice.audio.recording.Recorder) keeps the sound; `play_at` holds a replayed
-    recording's sentences until where they played (VoiceSurface.play_at)."""
+    recording's sentences until where they played (VoiceSurface.play_at).
+    `keep`: per-turn bookkeeping held for diagnostics, the newest turns' (None:
+    all, for a finite replay's summary; a service keeps a bounded number and
+    runs in flat memory)."""
     session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
                            echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside,
                            recorder=recorder)
@@ -81,10 +84,11 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"),
-                           on_sentences=session.log_sentences, play_at=dict(play_at or {}))
+                           on_sentences=session.log_sentences, play_at=dict(play_at or {}),
+                           keep=None if keep is None else keep * 4)
     agent = app.agent(surface, conversation)
-    turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside,
-                       before_turn=session.log_clock)
+    turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside, keep=keep,
+                       conversations=settings.conversation, notice=surface.notice, before_turn=session.log_clock)
     barge_in = BargeInController(
         BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
         log=session.log_speech, stop_phrases=settings.barge_in.stop_phrases,

@@ -291,8 +291,12 @@ class VoiceSession:
         self.parts.listen.muted = muted
         return muted
 
-    def history(self) -> list[dict[str, Any]]:
-        return derive_messages(self.store, self.conversation)
+    def history(self, conversation: str | None = None) -> list[dict[str, Any]]:
+        return derive_messages(self.store, conversation or self.conversation)
+
+    async def new_conversation(self) -> str:
+        """`voice ctl new`: the conversation ends (after a running turn); returns the next one's id."""
+        return await self.parts.turns.new_conversation(self.parts.listen.position)
 
     # -- for replay summaries ------------------------------------------------
 

@@ -33,11 +33,21 @@ class ListenSettings:
 
 
 @dataclass(frozen=True)
+class ConversationRules:
+    """When a spoken conversation ends (config [conversation])."""
+
+    idle_gap_s: float | None = None  # None: only when asked
+    new_phrases: tuple[str, ...] = ()  # what the person says to start a new one
+    new_reply: str = ""  # said back ("" says nothing)
+
+
+@dataclass(frozen=True)
 class VoiceSettings:
     vad: VadSettings = field(default_factory=VadSettings)
     barge_in: BargeInSettings = field(default_factory=BargeInSettings)
     listen: ListenSettings | None = None  # None: open, with no gate at all
     shutdown_s: float = 5.0
+    conversation: ConversationRules = field(default_factory=ConversationRules)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], *, listen_mode: str | None = None,
@@ -52,4 +62,10 @@ class VoiceSettings:
             barge_in=BargeInSettings(**barge_in),
             listen=ListenSettings(listen_mode or listen["mode"], listen["wake_word"], window_s or listen["window_s"]),
             shutdown_s=config["service"]["shutdown_s"],
+            conversation=conversation_rules(config),
         )
+
+
+def conversation_rules(config: dict[str, Any]) -> ConversationRules:
+    c = config["conversation"]
+    return ConversationRules(c["idle_gap_s"], tuple(c["new_phrases"]), c["new_reply"])

@@ -15,7 +15,8 @@ session closes it at shutdown, before it cancels the running turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,12 @@ import anyio
 from voice.agent.loop import AgentLoop, TurnResult
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev
+from voice.log.conversations import end_conversation, idle_for, last_activity
 from voice.log.events import UserStop
 from voice.log.projections import turn_reply
-from voice.log.store import EventStore
+from voice.log.store import EventStore, new_conversation_id
+from voice.speech.judge import stop_intent
+from voice.speech.settings import ConversationRules
 
 
 @dataclass
@@ -45,6 +49,8 @@ class Request:
     stopped_turn: int | None = None
     done: anyio.Event | None = None  # set once its turn has ended (typed turns wait on it)
     result: TurnResult | None = None
+    # A new conversation, asked for: "asked" (the person said so), "new" (`voice ctl new`).
+    new: str | None = None
 
 
 @dataclass
@@ -63,8 +69,13 @@ class TurnInfo:
 
 
 class TurnRunner:
+    """`turns` holds the newest `keep` turns' `TurnInfo` (None: every turn, for
+    a finite replay's summary): a service runs for weeks in flat memory."""
+
     def __init__(self, agent: AgentLoop, store: EventStore, buffer: PlaybackBuffer, *,
                  transcript: Callable[[str], None], aside: Callable[[str], None] | None = None, queue: int = 16,
+                 keep: int | None = 64, conversations: ConversationRules | None = None,
+                 notice: Callable[[str], Awaitable[None]] | None = None,
                  before_turn: Callable[[], None] = lambda: None):
         self.agent = agent
         self.store = store
@@ -72,7 +83,9 @@ class TurnRunner:
         self.transcript = transcript
         self.aside = aside
         self.before_turn = before_turn  # the session notes the device's clock (audio/clock) there
-        self.turns: list[TurnInfo] = []
+        self.turns: deque[TurnInfo] = deque(maxlen=keep)
+        self.rules = conversations or ConversationRules()
+        self.notice = notice  # says the new conversation's acknowledgement
         self.waiting = 0  # requests submitted whose turn has not ended
         self._send, self._receive = anyio.create_memory_object_stream[Request](queue)
         self._running: TurnInfo | None = None
@@ -86,6 +99,7 @@ class TurnRunner:
         """Queue a request (waits while the queue is full). Raises
         anyio.ClosedResourceError once the runner is closed."""
         self.waiting += 1
+        self.agent.cancel_summary()  # a summary after the last turn never holds up a request
         try:
             await self._send.send(request)
         except BaseException:
@@ -123,6 +137,8 @@ class TurnRunner:
                             await self._handle(request)
                     finally:
                         self._done(request)
+                    if request.result is not None and not self.waiting and not self._closed:
+                        await self.agent.summarize_after(request.result.turn)  # a request that comes cancels it
             finally:
                 self.close()
                 while True:
@@ -136,14 +152,30 @@ class TurnRunner:
         if request.done is not None:
             request.done.set()
 
+    async def new_conversation(self, position: int) -> str:
+        """`voice ctl new`: end the conversation in its place in the queue
+        (after the running turn); returns the conversation that follows."""
+        request = Request("", "ctl", position, position, 0.0, done=anyio.Event(), new="new")
+        await self.submit(request)
+        await request.done.wait()
+        return self.conversation
+
     async def _handle(self, request: Request) -> None:
-        if request.stop != "sound":
+        if request.stop != "sound" and request.new != "new":
             self.transcript(f"you: {request.text}")
         if request.stop is not None:
             self._record_stop(request)
             if self.aside is not None:
                 what = {"stop": "a stop", "backchannel": "a backchannel"}.get(request.stop, "a sound")
                 self.aside(f"({what}: not a request, so nothing more is said)")
+            return
+        self._end_if_idle()
+        if request.new is None and self.rules.new_phrases and stop_intent(request.text, self.rules.new_phrases):
+            request.new = "asked"
+        if request.new is not None:
+            self._switch(request.new, words=request.text if request.new == "asked" else None)
+            if self.rules.new_reply and self.notice is not None and request.new == "asked":
+                await self.notice(self.rules.new_reply)
             return
         info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
         self.turns.append(info)
@@ -167,6 +199,26 @@ class TurnRunner:
             marks = sorted(self.buffer.pauses + self.buffer.clears)
             info.clear_position = next((c for c in marks if c >= info.barge_in_onset), None)
         self._print_reply(info.turn)
+
+    def _end_if_idle(self) -> None:
+        """The conversation ends once `idle_gap_s` passed without activity
+        (on the log's clock: wall time, or a replay's virtual time)."""
+        gap_s = self.rules.idle_gap_s
+        if gap_s is None or last_activity(self.store, self.conversation) is None:
+            return
+        idle = idle_for(self.store, self.conversation)
+        if idle >= gap_s:
+            self._switch("idle", idle_s=idle)
+
+    def _switch(self, reason: str, *, idle_s: float | None = None, words: str | None = None) -> None:
+        """End the conversation (unless nothing happened in it yet) and
+        answer from now on in a new one."""
+        if last_activity(self.store, self.conversation) is None:
+            return  # already a fresh conversation
+        end_conversation(self.store, self.conversation, reason, idle_s=idle_s, words=words)
+        self.agent.conversation = new_conversation_id()
+        if self.aside is not None:
+            self.aside(f"(conversation ended: {reason}; new conversation {self.conversation})")
 
     def _print_reply(self, turn: int) -> None:
         """`assistant: …` with `[stopped]` when the reply ended early, however it ended."""

@@ -10,6 +10,13 @@ Units (assistant messages) are keyed by `UnitRef`; a unit that was stopped
 or discarded is no longer current, and audio that arrives for it later is
 dropped and logged as late (`late/output`).
 
+Memory stays flat over a service's life: only the newest `keep` units are
+held (their text, sentences and word timings, and the playback buffer's
+bookkeeping of their chunks); an older one has long settled and its
+delivery has been recorded. A unit evicted is treated as unknown: late audio
+for it is dropped like any other. `keep=None` holds every unit (a finite
+replay reads them all for its summary).
+
 Waiting (`wait_delivered`, `stop`) is driven by the playback buffer's
 notifications (a chunk started or finished, a clear, a pause or resume;
 sent from the audio callback's thread) and by the surface's own changes;
@@ -97,7 +104,9 @@ class VoiceSurface:
     # recorded: a replayed recording plays each sentence from there (voice.service.recording), not sooner
     play_at: dict[tuple[str, int], int] = field(default_factory=dict)
     tracks_playback: bool = True
+    keep: int | None = 64  # units held, the newest (see the module docstring)
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _notices: int = 0
     _changed: anyio.Event | None = None  # set (and dropped) at the next change of what plays
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -108,6 +117,18 @@ class VoiceSurface:
 
     def open(self, ref: UnitRef) -> None:
         self._units[ref] = _Unit(ref)
+        while self.keep is not None and len(self._units) > self.keep:
+            self._evict(next(iter(self._units)))
+
+    def _evict(self, ref: UnitRef) -> None:
+        """Forget the oldest unit and its chunks' bookkeeping."""
+        unit = self._units.pop(ref)
+        for sentence in unit.sentences:
+            self.buffer.forget(sentence.key)
+
+    def held(self) -> int:
+        """Units held (a test that it stays bounded)."""
+        return len(self._units)
 
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]
@@ -189,10 +210,10 @@ class VoiceSurface:
         stopped = [unit for unit in self._units.values() if unit.current]
         for unit in stopped:
             unit.current, unit.stopped = False, True
-        done = len(self.buffer.clears)
+        done = self.buffer.clear_count
         self.buffer.request_clear()
         with anyio.move_on_after(0.5):  # the device performs the clear at its next block
-            while len(self.buffer.clears) == done:
+            while self.buffer.clear_count == done:
                 await self._arm().wait()
         for unit in stopped:  # what was handed over is now final
             self._hand_on_sentences(unit)
@@ -204,7 +225,8 @@ class VoiceSurface:
         spoken = spoken_notice(text)
         if not spoken:
             return
-        ref = UnitRef("notice", 0, 0, len(self._units))
+        self._notices += 1
+        ref = UnitRef("notice", 0, 0, self._notices)
         self.open(ref)
         await self.text(ref, spoken)
         await self.close(ref)

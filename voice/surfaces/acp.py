@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from voice.agent.surface import Delivered, UnitRef
+from voice.agent.surface import Delivered, UnitRef, hold_newest
 
 log = logging.getLogger("voice.acp")
 
@@ -81,6 +81,7 @@ class AcpSurface:
 
     def open(self, ref: UnitRef) -> None:
         self._units[ref] = _Unit()
+        hold_newest(self._units)
 
     async def text(self, ref: UnitRef, text: str) -> None:
         from acp import update_agent_message_text

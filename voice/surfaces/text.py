@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from voice.agent.surface import Delivered, UnitRef
+from voice.agent.surface import Delivered, UnitRef, hold_newest
 
 
 @dataclass
@@ -49,6 +49,7 @@ class TextSurface:
 
     def open(self, ref: UnitRef) -> None:
         self._units[ref] = _Unit()
+        hold_newest(self._units)
 
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]

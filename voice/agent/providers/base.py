@@ -12,6 +12,8 @@ agent loop does in a `finally`.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -68,6 +70,17 @@ class ProviderError(Exception):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+
+    @property
+    def context_exceeded(self) -> bool:
+        """The server refused the request as longer than its context (llama.cpp:
+        HTTP 400 "This model's maximum context length is ...", code
+        context_length_exceeded; docs/llm-servers.md). A shorter request may pass."""
+        return self.status in (400, 413) and _CONTEXT_REFUSAL.search(str(self)) is not None
+
+
+_CONTEXT_REFUSAL = re.compile(r"context[ _](length|window|size)|maximum context|too many tokens|prompt is too long",
+                              re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,23 @@ class OpenAICompatibleProvider:
         except _TRANSLATED:
             return  # no clearer answer: the caller reports the empty stream
 
+    async def count_tokens(self, text: str) -> int | None:
+        """The server's own count of `text`'s tokens, with the model's own
+        tokenizer: llama-cpp-python's POST /extras/tokenize/count, else the
+        C++ llama-server's POST /tokenize. None where the server has neither
+        (Ollama, most hosted APIs) or does not answer within 2 s."""
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        for path, body, read in (("/extras/tokenize/count", {"input": text}, lambda r: r["count"]),
+                                 ("/tokenize", {"content": text}, lambda r: len(r["tokens"]))):
+            try:
+                with anyio.fail_after(_REACHABLE_TIMEOUT_S):
+                    response = await self._client._client.post(root + path, json=body)
+                if response.status_code == 200:
+                    return int(read(response.json()))
+            except (TimeoutError, ValueError, KeyError, TypeError, *_TRANSPORT_ERRORS):
+                continue
+        return None
+
     async def aclose(self) -> None:
         await self._client.close()
 

@@ -2,7 +2,11 @@
 the service that announces them when due.
 
 A timer is a `timer/set` event (wall-clock due time, so it survives a
-restart), ended by `timer/cancel` or `timer/fired`. The service sleeps until
+restart), ended by `timer/cancel` or `timer/fired`. The service keeps the
+active ones in memory, read from the log once at start and kept up to date
+as it writes, so a turn never rescans the log's timer events. Timers are not
+conversation state: one set in a conversation that has since ended still
+rings. The service sleeps until
 the next due time (cancellably) and announces through the surface. A timer
 that came due while the assistant was not running is announced once, as
 late. A timer cancelled before it fires never speaks: its wake-up is late
@@ -61,23 +65,30 @@ class TimerService:
         self.announce = announce
         self.clock = clock
         self._wake = anyio.Event()
+        self._active: dict[str, Timer] | None = None  # read from the log on first use
+
+    def _timers(self) -> dict[str, Timer]:
+        if self._active is None:
+            timers: dict[str, Timer] = {}
+            for e in self.store.events(types={ev.TIMER_SET, ev.TIMER_CANCEL, ev.TIMER_FIRED}):
+                body = e.body
+                if isinstance(body, ev.TimerSet):
+                    timers[body.timer_id] = Timer(body.timer_id, body.label, body.seconds, body.due_wall,
+                                                  e.conversation, body.tool_call_id)
+                else:
+                    timers.pop(body.timer_id, None)
+            self._active = timers
+        return self._active
 
     def active(self) -> list[Timer]:
-        timers: dict[str, Timer] = {}
-        for e in self.store.events(types={ev.TIMER_SET, ev.TIMER_CANCEL, ev.TIMER_FIRED}):
-            body = e.body
-            if isinstance(body, ev.TimerSet):
-                timers[body.timer_id] = Timer(body.timer_id, body.label, body.seconds, body.due_wall, e.conversation,
-                                              body.tool_call_id)
-            else:
-                timers.pop(body.timer_id, None)
-        return sorted(timers.values(), key=lambda t: t.due_wall)
+        return sorted(self._timers().values(), key=lambda t: t.due_wall)
 
     def set(self, seconds: int, label: str, conversation: str, turn: int | None, tool_call_id: str | None) -> tuple[Timer, int]:
         timer = Timer("t-" + uuid.uuid4().hex[:8], label, seconds, self.clock() + seconds, conversation, tool_call_id)
         event = self.store.record(conversation, ev.TimerSet(timer_id=timer.timer_id, label=label, seconds=seconds,
                                                             due_wall=timer.due_wall, tool_call_id=tool_call_id),
                                   turn=turn)
+        self._timers()[timer.timer_id] = timer
         self._poke()
         return timer, event.seq
 
@@ -87,6 +98,7 @@ class TimerService:
             return None
         timer = matching[-1]  # the most recently due of the matching ones
         self.store.record(conversation, ev.TimerCancel(timer_id=timer.timer_id), turn=turn)
+        self._timers().pop(timer.timer_id, None)
         self._poke()
         return timer
 
@@ -123,6 +135,7 @@ class TimerService:
             text = f"Your {timer.describe()} is done."
         self.store.record(timer.conversation, ev.TimerFired(timer_id=timer.timer_id, late=late, at_wall=self.clock(),
                                                             text=text))
+        self._timers().pop(timer.timer_id, None)
         await self.announce(text)
 
 

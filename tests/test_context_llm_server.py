@@ -1,0 +1,57 @@
+"""A context-length refusal from the real llama.cpp server (tests/llm_server.py,
+a small n_ctx) gets a shorter request, not a dead assistant (issue #14).
+docs/llm-servers.md, "A request longer than the context": a streamed
+request over n_ctx is answered 200 with an empty body; the provider's probe
+brings back the server's 400."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from llm_server import missing, running_server
+from voice.agent.loop import AgentLoop, LoopSettings
+from voice.agent.providers.openai_compat import OpenAICompatibleProvider
+from voice.agent.tools import default_tools
+from voice.log import events as ev
+from voice.surfaces.text import TextSurface
+
+_MISSING = missing()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.llm_server,
+    pytest.mark.anyio,
+    pytest.mark.skipif(_MISSING is not None, reason=f"no real model server: {_MISSING}"),
+]
+C = "c-llama"
+
+
+async def test_a_server_context_refusal_gets_a_shorter_request_and_an_answer(store, tmp_path):
+    for n in range(40):  # a long conversation: far more than the server's 768 tokens
+        turn = store.start_turn(C, ev.TurnStart(source="text"))
+        store.record(C, ev.UserMessage(content=f"Tell me fact number {n} about the sea, please, in a sentence."),
+                     turn=turn)
+        store.record(C, ev.AssistantMessage(message_id=f"m{turn}", content=[{"type": "text", "text":
+                     f"Fact {n}: the sea covers most of the planet and holds nearly all of its water."}]),
+                     turn=turn, step=0, attempt=0)
+        store.end_turn(C, turn, ev.COMPLETED)
+    with running_server(tmp_path, n_ctx=768) as server:
+        provider = OpenAICompatibleProvider(server.base_url, server.model, timeout_s=120.0,
+                                            extra_body={"max_tokens": 24})
+        # The server counts with the model's own tokenizer (docs/llm-servers.md: /extras/tokenize/count).
+        assert await provider.count_tokens("The tide turns twice a day.") == 7
+        # The config claims 2048 tokens: the first window is too long for this server.
+        agent = AgentLoop(store, provider, TextSurface(out=io.StringIO()), C, default_tools(),
+                          LoopSettings(retry_backoff_s=0.01, context_tokens=2048, reply_tokens=256))
+        try:
+            result = await agent.run_turn("And one more fact, please.")
+        finally:
+            await provider.aclose()
+    assert result.outcome == ev.COMPLETED
+    events = store.events(C, turn=result.turn)
+    refusals = [e for e in events if e.type == ev.REQUEST_ERROR and e.step == 0]
+    assert len(refusals) == 1 and refusals[0].body.status == 400
+    assert "context" in refusals[0].body.message
+    answered = [e for e in events if e.type == ev.ASSISTANT_MESSAGE and e.step == 0]
+    assert answered and answered[0].attempt == 1 and answered[0].body.text.strip()

@@ -1,0 +1,199 @@
+"""Conversations that end (issue #14): on an idle gap, when the person asks,
+on `voice ctl new`; the next request opens a new conversation; nothing is
+deleted, timers outlive the conversation; a restart picks the right one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from timeline import Timeline, after_reply, at, default_config, run_timeline
+from voice.log import events as ev
+from voice.log.conversations import ended, list_conversations, resume_or_new
+from voice.log.projections import derive_messages
+from voice.log.store import EventStore
+
+
+def config_with(**conversation) -> dict:
+    config = copy.deepcopy(default_config())
+    config["conversation"].update(conversation)
+    return config
+
+
+def log_of(tmp_path):
+    return EventStore(tmp_path / "events.db")
+
+
+def test_a_conversation_ends_on_an_idle_gap_and_the_next_request_opens_a_new_one(tmp_path):
+    outcome = run_timeline(Timeline(
+        clips=[at(0.5, "what_time.wav", "What time is it?"),
+               at(30.0, "three_points.wav", "Give me three points.")],
+        replies=[{"text": "It is noon.", "chunk_delay_ms": 20}, {"text": "One, two, three.", "chunk_delay_ms": 20}],
+    ), tmp_path, config_with(idle_gap_s=10.0))
+    store = log_of(tmp_path)
+    try:
+        first, second = store.conversations()
+        end = ended(store, first)
+        assert end is not None and end.reason == "idle" and end.idle_s >= 10.0
+        assert ended(store, second) is None and outcome.conversation == second
+        # Nothing was deleted: the first is still there, and the second's model never saw it.
+        assert [m["content"] for m in derive_messages(store, first)] == ["What time is it?", "It is noon."]
+        assert [m["content"] for m in outcome.requests[1]] == ["Give me three points."] or \
+            [m["content"] for m in outcome.requests[1] if m["role"] != "system"] == ["Give me three points."]
+        listed = list_conversations(store)
+        assert [(c.conversation, c.turns, c.ended, c.first_words) for c in listed] == [
+            (first, 1, "idle", "What time is it?"), (second, 1, None, "Give me three points.")]
+    finally:
+        store.close()
+
+
+def test_within_the_gap_the_conversation_goes_on(tmp_path):
+    run_timeline(Timeline(
+        clips=[at(0.5, "what_time.wav", "What time is it?"),
+               at(12.0, "three_points.wav", "Give me three points.")],
+        replies=[{"text": "It is noon.", "chunk_delay_ms": 20}, {"text": "One, two, three.", "chunk_delay_ms": 20}],
+    ), tmp_path, config_with(idle_gap_s=30.0))
+    store = log_of(tmp_path)
+    try:
+        assert len(store.conversations()) == 1
+    finally:
+        store.close()
+
+
+def test_saying_start_over_ends_the_conversation_with_a_short_acknowledgement(tmp_path):
+    outcome = run_timeline(Timeline(
+        clips=[at(0.5, "what_time.wav", "What time is it?"),
+               after_reply(0.8, "tell_london.wav", "Okay, start over."),
+               after_reply(0.8, "three_points.wav", "Give me three points.")],
+        replies=[{"text": "It is noon.", "chunk_delay_ms": 20}, {"text": "One, two, three.", "chunk_delay_ms": 20}],
+    ), tmp_path)
+    store = log_of(tmp_path)
+    try:
+        first, second = store.conversations()
+        end = ended(store, first)
+        assert end.reason == "asked" and end.words == "Okay, start over."
+        # Not a request: no turn answered it, the model never saw it, and it was acknowledged aloud.
+        assert [m["content"] for m in derive_messages(store, first)] == ["What time is it?", "It is noon."]
+        assert "notice: Okay, starting fresh." in outcome.transcript
+        assert [m["content"] for m in derive_messages(store, second)] == ["Give me three points.", "One, two, three."]
+        assert len(outcome.requests) == 2
+    finally:
+        store.close()
+
+
+def test_voice_ctl_new_ends_the_conversation_after_the_running_turn(tmp_path):
+    ids = []
+
+    async def new_after_the_first_turn(session) -> None:
+        import anyio
+
+        while not session.parts.turns.turns or session.parts.turns.turns[0].turn < 0:
+            await anyio.sleep(0.05)
+        ids.append(session.conversation)
+        ids.append(await session.new_conversation())
+        ids.append(await session.new_conversation())  # nothing said yet in the new one: it stays
+
+    run_timeline(Timeline(
+        clips=[at(0.5, "what_time.wav", "What time is it?"), at(6.0, "three_points.wav", "Give me three points.")],
+        replies=[{"text": "It is noon.", "chunk_delay_ms": 20}, {"text": "One, two, three.", "chunk_delay_ms": 20}],
+        during=new_after_the_first_turn,
+    ), tmp_path)
+    store = log_of(tmp_path)
+    try:
+        assert ids[0] != ids[1] == ids[2]
+        assert ended(store, ids[0]).reason == "new"
+        assert [m["content"] for m in derive_messages(store, ids[1])] == ["Give me three points.", "One, two, three."]
+    finally:
+        store.close()
+
+
+# -- a restart ---------------------------------------------------------------
+
+
+def talk(store, conversation: str, text: str = "hello") -> None:
+    turn = store.start_turn(conversation, ev.TurnStart(source="voice"))
+    store.record(conversation, ev.UserMessage(content=text), turn=turn)
+    store.end_turn(conversation, turn, ev.COMPLETED)
+
+
+def test_a_restart_continues_the_latest_conversation_within_the_gap(store):
+    talk(store, "c-old")
+    talk(store, "c-latest")
+    last = store.last_of("c-latest", {ev.TURN_END}).at_wall
+    assert resume_or_new(store, 900.0, now=last + 60) == "c-latest"
+    assert ended(store, "c-latest") is None
+
+
+def test_a_restart_after_the_gap_ends_it_and_starts_a_new_one(store):
+    talk(store, "c-latest")
+    last = store.last_of("c-latest", {ev.TURN_END}).at_wall
+    new = resume_or_new(store, 900.0, now=last + 901)
+    assert new != "c-latest" and new.startswith("c-")
+    end = ended(store, "c-latest")
+    assert end.reason == "idle" and end.idle_s >= 900
+
+
+def test_a_restart_after_an_ended_conversation_starts_a_new_one(store):
+    talk(store, "c-latest")
+    store.record("c-latest", ev.ConversationEnd(reason="new"))
+    assert resume_or_new(store, 900.0) != "c-latest"
+    assert resume_or_new(log_of_empty(store), 900.0).startswith("c-")
+
+
+def log_of_empty(store):
+    return EventStore(store.path.with_name("empty.db"))
+
+
+def test_a_timer_ringing_into_an_ended_conversation_does_not_reopen_it(store):
+    talk(store, "c-latest")
+    last = store.last_of("c-latest", {ev.TURN_END}).at_wall
+    store.record("c-latest", ev.TimerFired(timer_id="t-1", text="Your tea timer is done."))
+    # Only turns and stops are activity: a timer does not keep the conversation open.
+    assert resume_or_new(store, 900.0, now=last + 1000) != "c-latest"
+
+
+@pytest.mark.parametrize("value", [5, "soon"])
+def test_a_bad_idle_gap_is_one_line_naming_the_key(tmp_path, value):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "voice.toml"
+    cfg.write_text(f"[conversation]\nidle_gap_s = {value!r}\n".replace("'", '"'))
+    out = subprocess.run([sys.executable, "-m", "voice", "config", "show", "--config", str(cfg)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "conversation.idle_gap_s" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def voice(*args: str, tmp_path) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    return subprocess.run([sys.executable, "-m", "voice", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_voice_history_lists_every_conversation_and_shows_an_ended_one(tmp_path):
+    db = tmp_path / "events.db"
+    store = EventStore(db)
+    talk(store, "c-first", "what time is it")
+    store.record("c-first", ev.ConversationEnd(reason="idle", idle_s=1200.0))
+    talk(store, "c-second", "set a timer")
+    store.close()
+    out = voice("history", "--list", "--db", str(db), tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert first.startswith("c-first ") and "1 turns" in first and "ended: idle" in first and "what time is it" in first
+    assert second.startswith("c-second ") and "open" in second
+    listed = voice("history", "--list", "--json", "--db", str(db), tmp_path=tmp_path)
+    assert [c["ended"] for c in __import__("json").loads(listed.stdout)] == ["idle", None]
+    # An ended conversation stays readable.
+    old = voice("history", "--conversation", "c-first", "--db", str(db), tmp_path=tmp_path)
+    assert old.stdout.splitlines() == ["user: what time is it"]
+
+
+def test_list_is_only_for_history(tmp_path):
+    out = voice("ctl", "status", "--list", tmp_path=tmp_path)
+    assert out.returncode != 0 and out.stderr.strip() == "voice: error: --list is for voice ctl history"
