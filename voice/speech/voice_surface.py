@@ -2,6 +2,14 @@
 sentence becomes audio with word timings, and `delivered()` reports the
 words whose audio has fully come out of the speaker.
 
+What is synthesized is the speakable form of the model's text
+(speech/speakable.py: no Markdown symbols, lists, links and units read as
+words); what is delivered is a prefix of the model's own text, cut at the
+last source character whose spoken words have all played. A spoken token
+counts only once its last sample played: "3.5" read as "three point five"
+is heard when "five" has played, so a cut inside "**3.5 km**" after
+"three point five" records "**3.5", and "km**" needs "kilometers" whole.
+
 Delivered while playing = samples handed to the device minus its output
 latency. After `stop()` the buffer is cleared in the device callback, and
 what had already been handed over will still play, so delivered = handed.
@@ -28,10 +36,9 @@ import anyio
 
 from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
+from voice.speech.speakable import SpeakableStream, SpokenSentence
 from voice.speech.tts import SpeechAudio
 
-# A sentence ends at ., ! or ? (with closing quotes/brackets) before whitespace, or at a line break.
-_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 # What is never read aloud: URLs, paths, config keys and markup.
 _UNSPEAKABLE = re.compile(r"\S*(?:://|/|\\|~|`|\*|_|#)\S*")
 
@@ -50,12 +57,18 @@ def spoken_notice(text: str) -> str:
 class Sentence:
     ref: UnitRef
     index: int
-    text: str
-    char_start: int  # in the unit's text
+    text: str  # what is synthesized: the speakable form
+    char_start: int  # where its source begins in the unit's text (the model's own)
+    spoken: SpokenSentence  # its source span and the map from spoken words back to it
 
     @property
     def key(self) -> tuple[UnitRef, int]:
         return (self.ref, self.index)
+
+    def delivered_chars(self, spoken_end: int) -> int:
+        """Characters of the unit's text delivered once this sentence's
+        spoken text up to `spoken_end` (a `WordTiming.char_end`) has played."""
+        return self.spoken.delivered_chars(spoken_end)
 
 
 @dataclass(frozen=True)
@@ -70,13 +83,16 @@ class _Said:
 @dataclass
 class _Unit:
     ref: UnitRef
-    text: str = ""
-    cut: int = 0  # text before this offset has been split into sentences
+    stream: SpeakableStream = field(default_factory=SpeakableStream)  # the text, cut into spoken sentences
     sentences: list[Sentence] = field(default_factory=list)
     audio: dict[int, _Said] = field(default_factory=dict)
-    closed: bool = False
+    closed: bool = False  # the stream is closed: every sentence of it is in `sentences`
     current: bool = True
     stopped: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.stream.text
 
 
 @dataclass
@@ -101,9 +117,7 @@ class VoiceSurface:
 
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]
-        unit.text += text
-        while (m := _SENTENCE_END.search(unit.text, unit.cut)) is not None:
-            await self._emit(unit, m.end())
+        await self._emit(unit, unit.stream.feed(text))
 
     async def reasoning(self, ref: UnitRef, text: str) -> None:
         return None  # reasoning is not spoken, so it is never delivered
@@ -111,10 +125,9 @@ class VoiceSurface:
     async def close(self, ref: UnitRef) -> None:
         """Speak what is left after the last sentence end."""
         unit = self._units[ref]
+        last = unit.stream.close()
         unit.closed = True
-        if unit.text[unit.cut :].strip():
-            await self._emit(unit, len(unit.text))
-        unit.cut = len(unit.text)
+        await self._emit(unit, last)
         self._notify()
 
     def discard(self, ref: UnitRef, reason: str) -> None:
@@ -153,13 +166,13 @@ class VoiceSurface:
             if not unsaid:  # the delivered prefix stops at the first sentence that was not said
                 words += len(played_words)
                 if played_words:
-                    chars = s.char_start + played_words[-1].char_end
+                    chars = s.delivered_chars(played_words[-1].char_end)
             if heard < audio.length:
                 settled = False
                 if self.buffer.handed(s.key) == audio.length and not self.buffer.paused:
                     due_s = (audio.length - heard) / self.buffer.rate  # in the device, on its way out
                 break
-        settled = settled and unit.closed and unit.cut >= len(unit.text.rstrip())
+        settled = settled and unit.closed
         complete = settled and not unsaid
         if complete:
             chars = len(unit.text)
@@ -217,9 +230,11 @@ class VoiceSurface:
         return True
 
     def speaking_text(self) -> str:
-        """The text of the replies still being spoken or queued (not the
-        session's earlier replies, which have settled)."""
-        return " ".join(u.text for u in self._units.values() if u.current and not self._progress(u.ref)[1])
+        """What is being said aloud (the spoken form) of the replies still
+        being spoken or queued (not the session's earlier replies, which have
+        settled): the words the barge-in judge compares an echo with."""
+        return " ".join(s.text for u in self._units.values() if u.current and not self._progress(u.ref)[1]
+                        for s in u.sentences)
 
     def playing(self) -> bool:
         return self.buffer.pending()
@@ -245,13 +260,16 @@ class VoiceSurface:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._notify)
 
-    async def _emit(self, unit: _Unit, end: int) -> None:
-        start = unit.cut
-        unit.cut = end
-        raw = unit.text[start:end]
-        lead = len(raw) - len(raw.lstrip())
-        sentence = Sentence(unit.ref, len(unit.sentences), raw.strip(), start + lead)
-        if not sentence.text:
-            return
-        unit.sentences.append(sentence)
-        await self.speak(sentence)
+    async def _emit(self, unit: _Unit, spoken: list[SpokenSentence]) -> None:
+        """Queue the stream's new sentences (all of them first, so a unit
+        never looks settled while one is still on its way) and hand each to
+        synthesis."""
+        new = []
+        for sentence in spoken:
+            source = unit.text[sentence.source_start : sentence.source_end]
+            lead = len(source) - len(source.lstrip())
+            new.append(Sentence(unit.ref, len(unit.sentences) + len(new), sentence.text,
+                                sentence.source_start + lead, sentence))
+        unit.sentences += new
+        for sentence in new:
+            await self.speak(sentence)
