@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -227,6 +228,7 @@ def test_fork_says_how_to_continue_and_that_works(env, tmp_path, chatted):
 class _Server(http.server.ThreadingHTTPServer):
     models: list[str]
     asked: list[str]
+    owned_by: str | None  # what /v1/models says owns each model: how a server is recognised
 
 
 class _OpenAIish(http.server.BaseHTTPRequestHandler):
@@ -247,8 +249,9 @@ class _OpenAIish(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        self._send(json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
-                   .encode(), "application/json")
+        owner = {"owned_by": self.server.owned_by} if self.server.owned_by else {}
+        self._send(json.dumps({"object": "list", "data": [{"id": m, "object": "model", **owner}
+                                                          for m in self.server.models]}).encode(), "application/json")
 
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -264,7 +267,7 @@ class _OpenAIish(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def llm_server():
     server = _Server(("127.0.0.1", 0), _OpenAIish)
-    server.models, server.asked = ["llama3.2", "qwen2.5:0.5b"], []
+    server.models, server.asked, server.owned_by = ["llama3.2", "qwen2.5:0.5b"], [], None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -282,6 +285,57 @@ def test_llm_model_picks_the_model_without_a_file(env, tmp_path, llm_server):
     assert llm.startswith("[FAIL]") and "'mistral'" in llm and "qwen2.5:0.5b" in llm and "--llm-model" in llm, llm
     line = one_line(voice(env, "chat", "--llm", url, "--llm-model", " ", "--db", str(tmp_path / "e.db")))
     assert line.startswith("--llm-model: llm.model"), line
+
+
+def _doctor_llm_line(env, *args: str) -> str:
+    doctor = voice(env, "doctor", "--no-load", *args)
+    (line,) = [ln for ln in doctor.stdout.splitlines() if "language model" in ln]
+    return line
+
+
+@pytest.mark.parametrize("owned_by,kind,how", [
+    ("library", "Ollama", "`ollama pull mistral`"),
+    ("vllm", "vLLM", "--served-model-name mistral`"),
+    ("llamacpp", "llama.cpp", "--alias mistral`"),
+])
+def test_doctor_says_how_this_kind_of_server_serves_a_missing_model(env, llm_server, owned_by, kind, how):
+    """The server is recognised from its /v1/models (`owned_by`, as Ollama,
+    vLLM and llama.cpp's server write it) and the fix is that server's way."""
+    server, url = llm_server
+    server.owned_by = owned_by
+    line = _doctor_llm_line(env, "--llm", url, "--llm-model", "mistral")
+    assert line.startswith(f"[FAIL] language model: {url} ({kind}) answers but has no model 'mistral' "
+                           "(it has: llama3.2, qwen2.5:0.5b) -> set llm.model (or --llm-model) to one of those, or "), line
+    assert how in line, line
+    others = {"Ollama": "ollama pull", "vLLM": "--served-model-name", "llama.cpp": "--alias"}
+    assert not any(hint in line for k, hint in others.items() if k != kind), line
+
+
+def test_doctor_names_every_way_when_the_server_is_not_recognised(env, llm_server):
+    server, url = llm_server
+    line = _doctor_llm_line(env, "--llm", url, "--llm-model", "mistral")
+    assert line.startswith(f"[FAIL] language model: {url} answers but has no model 'mistral'"), line
+    for hint in ("`ollama pull mistral`", "--alias mistral`", "--model_alias mistral`", "--served-model-name mistral`"):
+        assert hint in line, line
+    assert _doctor_llm_line(env, "--llm", url, "--llm-model", "qwen2.5:0.5b") == (
+        f"[  ok] language model: {url} answers, model qwen2.5:0.5b listed")
+
+
+def test_doctor_says_how_to_start_a_server_when_nothing_answers(env, tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    line = _doctor_llm_line(env, "--llm", url, "--llm-model", "phi3")
+    assert line.startswith(f"[FAIL] language model: nothing answers at {url} (APIConnectionError) -> "
+                           f"start the server at {url}, or another."), line
+    for hint in ("`ollama serve`, `ollama pull phi3`", "`llama-server -m FILE.gguf --alias phi3`",
+                 "--served-model-name phi3`", "set llm.base_url (or --llm)"):
+        assert hint in line, line
+    cfg = tmp_path / "auto.toml"
+    cfg.write_text(f'[llm]\nprovider = "auto"\nbase_url = "{url}"\nmodel = "phi3"\n')
+    line = _doctor_llm_line(env, "--config", str(cfg))
+    assert line.startswith(f"[warn] language model: nothing answers at {url}") and "built-in skills will answer" in line
+    assert "`ollama pull phi3`" in line, line
 
 
 def test_the_readme_recipe_for_an_openai_compatible_server(env, tmp_path, llm_server):
