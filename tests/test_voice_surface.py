@@ -423,3 +423,18 @@ async def test_speaking_text_holds_only_replies_still_playing():
                                            (WordTiming("What", 0, 4, 0, 320),), "alignment", 0.0))
     buffer.pull(640)  # the old reply has played to the end; the new one is not synthesized yet
     assert surface.speaking_text() == "Tides follow the moon."
+
+
+@pytest.mark.anyio
+async def test_speaking_text_is_what_the_speaker_says_not_the_markdown():
+    """The echo judge compares what the microphone heard with what the
+    assistant is saying: its spoken form ("kilometers per second"), so the
+    assistant's own voice heard back is recognised as such."""
+    from voice.speech.judge import is_own_echo
+
+    surface, _, rec = make_surface()
+    surface.open(REF)
+    await surface.text(REF, "1. **Mercury** is about 58 km/s fast.\n")
+    assert [s.text for s in rec.sentences] == ["1, Mercury is about 58 kilometers per second fast."]
+    assert surface.speaking_text() == "1, Mercury is about 58 kilometers per second fast."
+    assert is_own_echo("Mercury is about 58 kilometers per second.", surface.speaking_text())

@@ -435,7 +435,7 @@ class SpeechSentence(Body):
     TYPE = "speech/sentence"
     message_id: str
     index: int
-    char_start: int  # offsets in the message's text as handed to the surface
+    char_start: int  # offsets in the message's own text (the model's, before the speakable form)
     char_end: int
     start: int | None  # speaker position of its first sample; null: never handed over
     length: int  # samples

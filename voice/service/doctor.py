@@ -104,33 +104,74 @@ def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
     return out
 
 
+# How each kind of server is told which model to serve. A server is known by
+# the `owned_by` its /v1/models gives: Ollama "library", llama.cpp's
+# llama-server "llamacpp", llama-cpp-python's server "me", vLLM "vllm".
+_SERVER_KINDS = {"library": "Ollama", "llamacpp": "llama.cpp", "me": "llama.cpp", "vllm": "vLLM"}
+_SERVE_MODEL = {
+    "Ollama": "`ollama pull {model}`",
+    "llama.cpp": ("restart the server naming the GGUF file and the name: `llama-server -m FILE.gguf --alias {model}` "
+                  "or `{python} -m llama_cpp.server --model FILE.gguf --model_alias {model}`"),
+    "vLLM": "restart it with `vllm serve HF_MODEL_ID --served-model-name {model}`",
+}
+_START_SERVER = ("Ollama: `ollama serve`, `ollama pull {model}`; llama.cpp: `llama-server -m FILE.gguf --alias {model}` "
+                 "(or `{python} -m llama_cpp.server --model FILE.gguf --model_alias {model}`); vLLM: "
+                 "`vllm serve HF_MODEL_ID --served-model-name {model}`; then set llm.base_url (or --llm) to its /v1 URL")
+
+
+def _server_kind(base_url: str, owners: list[str]) -> str | None:
+    kinds = {_SERVER_KINDS[o] for o in owners if o in _SERVER_KINDS}
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "Ollama" if not owners and ":11434" in base_url else None
+
+
 def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
+    """Whether the configured server answers, whether it lists the configured
+    model (/v1/models), and how to start one or make it serve that model.
+    One GET /v1/models: note that llama-cpp-python's server ends a reply it
+    is streaming when another request arrives (docs/llm-servers.md), which
+    is why doctor is for a person to run, not something a turn does."""
     spec = spec or config["llm"]["provider"]
     if spec.startswith("scripted:"):
         exists = Path(spec.removeprefix("scripted:")).exists()
         return Check("language model", OK if exists else FAIL, spec, "" if exists else "the script file is missing")
     base_url = spec if spec.startswith("http") else config["llm"]["base_url"]
     model = config["llm"]["model"]
+    fallback = spec == "auto"
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(config["llm"]["api_key_env"]) or "not-needed",
                            timeout=2.0, max_retries=0)
     try:
-        ids = [m.id for m in client.models.list()]
+        listed = list(client.models.list())
     except openai.NotFoundError:  # a server without /models is still a server
-        ids = []
+        listed = []
+    except openai.AuthenticationError as exc:
+        return Check("language model", WARN if fallback else FAIL, f"{base_url} refuses the API key ({exc.status_code})",
+                     f"put the key in ${config['llm']['api_key_env']} (llm.api_key_env names the variable)")
     except (openai.APIConnectionError, openai.APIStatusError) as exc:
-        fallback = spec == "auto"
-        return Check("language model", WARN if fallback else FAIL, f"nothing usable at {base_url} ({type(exc).__name__})",
-                     ("the built-in skills will answer (timers, notes, time, commands); for open questions start "
-                      f"Ollama (`ollama serve`, `ollama pull {model}`) or set llm.base_url and llm.model") if fallback
-                     else f"start the server at {base_url} or set llm.base_url / --llm")
+        why = (f"no answer at {base_url} within 2 s (a llama.cpp server busy with a reply answers nothing "
+               "else until it ends)" if isinstance(exc, openai.APITimeoutError)
+               else f"nothing answers at {base_url} ({type(exc).__name__})")
+        start = _START_SERVER.format(model=model, python=PYTHON)
+        return Check("language model", WARN if fallback else FAIL, why,
+                     ("the built-in skills will answer (timers, notes, time, commands); for open questions "
+                      f"start a server. {start}") if fallback else f"start the server at {base_url}, or another. {start}")
     finally:
         client.close()
+    ids = [m.id for m in listed]
+    kind = _server_kind(base_url, [str(getattr(m, "owned_by", "") or "") for m in listed])
+    named = f" ({kind})" if kind else ""
     if ids and model not in ids:
-        return Check("language model", FAIL, f"{base_url} answers but has no model {model!r} (it has: {', '.join(ids[:8])})",
-                     f"set llm.model (or --llm-model) to one of those, or `ollama pull {model}`")
-    return Check("language model", OK, f"{base_url} answers" + (f", model {model} listed" if ids else ""))
+        serve = (_SERVE_MODEL[kind].format(model=model, python=PYTHON) if kind else
+                 "make the server serve it: " + "; ".join(f"{k}: {v.format(model=model, python=PYTHON)}" for k, v in _SERVE_MODEL.items()))
+        return Check("language model", FAIL,
+                     f"{base_url}{named} answers but has no model {model!r} (it has: {', '.join(ids[:8])})",
+                     f"set llm.model (or --llm-model) to one of those, or {serve}")
+    if not ids:
+        return Check("language model", OK, f"{base_url}{named} answers (it lists no models, so {model!r} is not checked)")
+    return Check("language model", OK, f"{base_url} answers, model {model} listed")
 
 
 def check_service(config: dict[str, Any]) -> list[Check]:

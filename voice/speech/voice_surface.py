@@ -2,6 +2,14 @@
 sentence becomes audio with word timings, and `delivered()` reports the
 words whose audio has fully come out of the speaker.
 
+What is synthesized is the speakable form of the model's text
+(speech/speakable.py: no Markdown symbols, lists, links and units read as
+words); what is delivered is a prefix of the model's own text, cut at the
+last source character whose spoken words have all played. A spoken token
+counts only once its last sample played: "3.5" read as "three point five"
+is heard when "five" has played, so a cut inside "**3.5 km**" after
+"three point five" records "**3.5", and "km**" needs "kilometers" whole.
+
 Delivered while playing = samples handed to the device minus its output
 latency. After `stop()` the buffer is cleared in the device callback, and
 what had already been handed over will still play, so delivered = handed.
@@ -40,10 +48,9 @@ import anyio
 from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
 from voice.log.events import SpeechSentence
+from voice.speech.speakable import SpeakableStream, SpokenSentence
 from voice.speech.tts import SpeechAudio
 
-# A sentence ends at ., ! or ? (with closing quotes/brackets) before whitespace, or at a line break.
-_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n+")
 # What is never read aloud: URLs, paths, config keys and markup.
 _UNSPEAKABLE = re.compile(r"\S*(?:://|/|\\|~|`|\*|_|#)\S*")
 
@@ -62,12 +69,18 @@ def spoken_notice(text: str) -> str:
 class Sentence:
     ref: UnitRef
     index: int
-    text: str
-    char_start: int  # in the unit's text
+    text: str  # what is synthesized: the speakable form
+    char_start: int  # where its source begins in the unit's text (the model's own)
+    spoken: SpokenSentence  # its source span and the map from spoken words back to it
 
     @property
     def key(self) -> tuple[UnitRef, int]:
         return (self.ref, self.index)
+
+    def delivered_chars(self, spoken_end: int) -> int:
+        """Characters of the unit's text delivered once this sentence's
+        spoken text up to `spoken_end` (a `WordTiming.char_end`) has played."""
+        return self.spoken.delivered_chars(spoken_end)
 
 
 @dataclass(frozen=True)
@@ -82,14 +95,17 @@ class _Said:
 @dataclass
 class _Unit:
     ref: UnitRef
-    text: str = ""
-    cut: int = 0  # text before this offset has been split into sentences
+    stream: SpeakableStream = field(default_factory=SpeakableStream)  # the text, cut into spoken sentences
     sentences: list[Sentence] = field(default_factory=list)
     audio: dict[int, _Said] = field(default_factory=dict)
-    closed: bool = False
+    closed: bool = False  # the stream is closed: every sentence of it is in `sentences`
     current: bool = True
     stopped: bool = False
     logged: bool = False  # its speech/sentence bodies were handed on
+
+    @property
+    def text(self) -> str:
+        return self.stream.text
 
 
 @dataclass
@@ -132,9 +148,7 @@ class VoiceSurface:
 
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]
-        unit.text += text
-        while (m := _SENTENCE_END.search(unit.text, unit.cut)) is not None:
-            await self._emit(unit, m.end())
+        await self._emit(unit, unit.stream.feed(text))
 
     async def reasoning(self, ref: UnitRef, text: str) -> None:
         return None  # reasoning is not spoken, so it is never delivered
@@ -142,10 +156,9 @@ class VoiceSurface:
     async def close(self, ref: UnitRef) -> None:
         """Speak what is left after the last sentence end."""
         unit = self._units[ref]
+        last = unit.stream.close()
         unit.closed = True
-        if unit.text[unit.cut :].strip():
-            await self._emit(unit, len(unit.text))
-        unit.cut = len(unit.text)
+        await self._emit(unit, last)
         self._notify()
 
     def discard(self, ref: UnitRef, reason: str) -> None:
@@ -184,13 +197,13 @@ class VoiceSurface:
             if not unsaid:  # the delivered prefix stops at the first sentence that was not said
                 words += len(played_words)
                 if played_words:
-                    chars = s.char_start + played_words[-1].char_end
+                    chars = s.delivered_chars(played_words[-1].char_end)
             if heard < audio.length:
                 settled = False
                 if self.buffer.handed(s.key) == audio.length and not self.buffer.paused:
                     due_s = (audio.length - heard) / self.buffer.rate  # in the device, on its way out
                 break
-        settled = settled and unit.closed and unit.cut >= len(unit.text.rstrip())
+        settled = settled and unit.closed
         complete = settled and not unsaid
         if complete:
             chars = len(unit.text)
@@ -252,9 +265,11 @@ class VoiceSurface:
         return True
 
     def speaking_text(self) -> str:
-        """The text of the replies still being spoken or queued (not the
-        session's earlier replies, which have settled)."""
-        return " ".join(u.text for u in self._units.values() if u.current and not self._progress(u.ref)[1])
+        """What is being said aloud (the spoken form) of the replies still
+        being spoken or queued (not the session's earlier replies, which have
+        settled): the words the barge-in judge compares an echo with."""
+        return " ".join(s.text for u in self._units.values() if u.current and not self._progress(u.ref)[1]
+                        for s in u.sentences)
 
     def playing(self) -> bool:
         return self.buffer.pending()
@@ -270,14 +285,23 @@ class VoiceSurface:
         for s in unit.sentences:
             said = unit.audio.get(s.index)
             span = self.buffer.span(s.key)
-            words = [[s.char_start + w.char_start, s.char_start + w.char_end, w.start, w.end]
-                     for w in (said.words if said else ())]
+            words = [[*self._source_span(unit.text, s, w), w.start, w.end] for w in (said.words if said else ())]
             bodies.append(SpeechSentence(
                 message_id=unit.ref.message_id, index=s.index, char_start=s.char_start,
-                char_end=s.char_start + len(s.text), start=span[0] if span else None,
+                char_end=s.spoken.source_end, start=span[0] if span else None,
                 length=said.length if said else 0, handed=self.buffer.handed(s.key),
                 method=said.method if said else "unsynthesized", words=words))
         self.on_sentences(unit.ref, bodies)
+
+    @staticmethod
+    def _source_span(text: str, sentence: Sentence, word) -> tuple[int, int]:
+        """The model's own characters a spoken word delivers (word timings are
+        offsets in the spoken form): from the end of what the words before it
+        delivered, less the space between, to the end of what it delivers.
+        Empty for a word that delivers nothing alone ("three" of "3.5")."""
+        start, end = sentence.delivered_chars(word.char_start), sentence.delivered_chars(word.char_end)
+        between = text[start:end]
+        return start + len(between) - len(between.lstrip()), end
 
     def _arm(self) -> anyio.Event:
         """The event the next change sets."""
@@ -298,13 +322,16 @@ class VoiceSurface:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._notify)
 
-    async def _emit(self, unit: _Unit, end: int) -> None:
-        start = unit.cut
-        unit.cut = end
-        raw = unit.text[start:end]
-        lead = len(raw) - len(raw.lstrip())
-        sentence = Sentence(unit.ref, len(unit.sentences), raw.strip(), start + lead)
-        if not sentence.text:
-            return
-        unit.sentences.append(sentence)
-        await self.speak(sentence)
+    async def _emit(self, unit: _Unit, spoken: list[SpokenSentence]) -> None:
+        """Queue the stream's new sentences (all of them first, so a unit
+        never looks settled while one is still on its way) and hand each to
+        synthesis."""
+        new = []
+        for sentence in spoken:
+            source = unit.text[sentence.source_start : sentence.source_end]
+            lead = len(source) - len(source.lstrip())
+            new.append(Sentence(unit.ref, len(unit.sentences) + len(new), sentence.text,
+                                sentence.source_start + lead, sentence))
+        unit.sentences += new
+        for sentence in new:
+            await self.speak(sentence)
