@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice.speech.judge import STOP_PHRASES
+from voice.speech.turn_end import TurnEndSettings
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class VoiceSettings:
     vad: VadSettings = field(default_factory=VadSettings)
     barge_in: BargeInSettings = field(default_factory=BargeInSettings)
     listen: ListenSettings | None = None  # None: open, with no gate at all
+    turn_end: TurnEndSettings = field(default_factory=TurnEndSettings)
     shutdown_s: float = 5.0
 
     @classmethod
@@ -52,4 +54,5 @@ class VoiceSettings:
             barge_in=BargeInSettings(**barge_in),
             listen=ListenSettings(listen_mode or listen["mode"], listen["wake_word"], window_s or listen["window_s"]),
             shutdown_s=config["service"]["shutdown_s"],
+            turn_end=TurnEndSettings(**config["turn_end"]),
         )
