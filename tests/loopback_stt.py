@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from loopback_llm import send_reply
+
 
 class LoopbackStt:
     def __init__(self, model: str = "tiny.en"):
@@ -44,13 +46,7 @@ class LoopbackStt:
                 self._send(200, server.transcribe(fields))
 
             def _send(self, status: int, obj: dict[str, Any]) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
+                send_reply(self, status, "application/json", json.dumps(obj).encode())
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
