@@ -28,6 +28,7 @@ import anyio
 
 from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
+from voice.speech.clauses import first_clause_end
 from voice.speech.tts import SpeechAudio
 
 # A sentence ends at ., ! or ? (with closing quotes/brackets) before whitespace, or at a line break.
@@ -102,6 +103,8 @@ class VoiceSurface:
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]
         unit.text += text
+        if not unit.sentences and (end := first_clause_end(unit.text, unit.cut)) is not None:
+            await self._emit(unit, end)  # first audio sooner (voice.speech.clauses)
         while (m := _SENTENCE_END.search(unit.text, unit.cut)) is not None:
             await self._emit(unit, m.end())
 
