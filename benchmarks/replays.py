@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from voice.speech.clauses import first_clause_end
+
 from common import AUDIO, RATE, last_loud, prefix_error, read_wav, run_replay, stats, words
 
 FAST_TEXT = ("First, the moon is about a quarter of the size of the Earth. Second, it always shows the same face "
@@ -75,7 +77,8 @@ def _clip_ends(summary: dict[str, Any]) -> list[float]:
     """Mic-clock time of each placed clip's last loud sample."""
     ends = []
     for c in summary["device"]["clips"]:
-        audio = read_wav(AUDIO / Path(c["audio"]).name)
+        name = Path(c["audio"]).name
+        audio = read_wav(AUDIO / name if (AUDIO / name).exists() else AUDIO / "human" / name)
         ends.append(c["start_s"] + last_loud(audio) / RATE)
     return ends
 
@@ -105,9 +108,9 @@ def v2v_breakdown(summary: dict[str, Any], events: list[dict[str, Any]]) -> list
         if texts:
             first_token_ms = texts[0][0]
             acc = ""
-            for t, d in texts:  # the chunk that completes the first sentence (what TTS waits for)
-                acc += d
-                if re.search(r"[.!?]\s*$", acc.strip()):
+            for t, d in texts:  # the chunk that completes the first spoken piece (what TTS waits for):
+                acc += d  # the first sentence, or its first clause (voice.speech.clauses)
+                if re.search(r"[.!?]\s*$", acc.strip()) or first_clause_end(acc) is not None:
                     first_sentence_ms = t
                     break
             else:

@@ -189,7 +189,7 @@ class ListenProcessor(FrameProcessor):
     def _utterance_frame(self, audio: bytes, end: int) -> UtteranceFrame:
         frame = UtteranceFrame(audio=audio, start=self._onset, end=end)
         if len(audio) // 2 == end - self._utterance_start:  # not cut by the wake word: the speculation is of this audio
-            frame.transcript, frame.pending = self.turn_end.transcript(), self.turn_end.pending()
+            frame.transcript, frame.pending = self.turn_end.final()
         return frame
 
     def _for_assistant(self, audio: bytes, end: int) -> bytes | None:

@@ -95,6 +95,7 @@ class TurnEndTracker:
         self._start_job = start_job
         self._rate = rate
         self._stop_phrases = stop_phrases
+        self.speculations = self.used = 0  # over the session: recognitions started, and those that gave the words
         self.reset()
 
     def reset(self) -> None:
@@ -122,6 +123,7 @@ class TurnEndTracker:
             audio = np.frombuffer(bytes(utterance), np.int16).astype(np.float32) / 32768.0
             self._spec = _Speculation(len(utterance), self._start_job(audio))
             self.started += 1
+            self.speculations += 1
         transcript = self.transcript()
         return decide(transcript.text if transcript else None, silence_s, self.settings, self._stop_phrases)
 
@@ -142,6 +144,14 @@ class TurnEndTracker:
         if self._spec is not None and self._spec.covers >= self._voiced_to:
             return self._spec.job
         return None
+
+    def final(self) -> tuple[Transcript | None, asyncio.Future | None]:
+        """At the end of the turn: the transcript, or the job that will give
+        it, when a speculation covers the whole utterance."""
+        transcript, pending = self.transcript(), self.pending()
+        if transcript is not None or pending is not None:
+            self.used += 1
+        return transcript, pending
 
     def abandon(self) -> None:
         """The utterance is over or dropped: a running job's result is never
