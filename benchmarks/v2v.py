@@ -30,6 +30,7 @@ from replays import _events, v2v_breakdown  # noqa: E402
 
 REPLY = ("The moon is about a quarter of the size of the Earth, and it always shows us the same face. "
          "Its light is sunlight reflected from grey rock.")
+REUSE = False
 ESPEAK = ["what_time.wav", "tell_london.wav", "three_points.wav", "set_timer.wav", "add_note.wav"]
 HUMAN = ["cmu_go_forward.wav", "cmu_go_somewhere.wav", "cards_seven_of_clubs.wav", "ss_amiable_himself.wav",
          "arctic_slt_a0009.wav", "sonnet_l06.wav", "sonnet_l01_l02.wav"]
@@ -53,8 +54,11 @@ def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=p
     config = work / f"{tag}.toml"
     config.write_text(f"[turn_end]\nenabled = {'true' if early else 'false'}\n")
     t = time.perf_counter()
-    summary = run_replay(scenario(work / f"{tag}-scenario.toml", clips, ttft_ms, reply), work / tag, stt_model=stt,
-                         config=config)
+    if REUSE and (work / tag / "summary.json").exists():  # --reuse: measure a kept replay again
+        summary = json.loads((work / tag / "summary.json").read_text())
+    else:
+        summary = run_replay(scenario(work / f"{tag}-scenario.toml", clips, ttft_ms, reply), work / tag,
+                             stt_model=stt, config=config)
     parts = v2v_breakdown(summary, _events(work / tag / "events.db"))
     v2v = stats([p["v2v_ms"] for p in parts])
     row = {"tag": tag, "stt": stt, "ttft_ms": ttft_ms, "early": early, "clips": len(clips),
@@ -71,33 +75,46 @@ def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=p
     return row
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny.en and base at 0 ms TTFT only, early rule only")
-    p.add_argument("--json")
-    p.add_argument("--keep", metavar="DIR")
-    args = p.parse_args(argv)
-    import tempfile
-
-    work = Path(args.keep or tempfile.mkdtemp(prefix="voice-v2v-"))
-    work.mkdir(parents=True, exist_ok=True)
+def measure(work: Path, *, quick: bool = False, peer_runs: int = 4, log=print) -> dict:
+    """Every combination (quick: 0 ms TTFT, early end only), then the peer
+    beside ours on its clip and reply."""
     clips = ESPEAK + HUMAN
-    combos = [(stt, ttft, early) for stt in ("tiny.en", "base") for ttft in ((0,) if args.quick else (0, 300))
-              for early in ((True,) if args.quick else (True, False))]
-    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    combos = [(stt, ttft, early) for stt in ("tiny.en", "base") for ttft in ((0,) if quick else (0, 300))
+              for early in ((True,) if quick else (True, False))]
     rows = [run(work, *c, clips, log=log) for c in combos]
     # The peer (stock pipecat 1.14 with its default smart-turn v3 stop, base, real-time paced) on
     # three_points.wav, replying with replays.FAST_TEXT at 40 ms per word; ours on the same clip beside it.
     import peer
     from replays import FAST_TEXT, Cut
 
-    log("peer (stock pipecat):")
-    peer_res = peer.run_peer([Cut(f"v2v-peer-{i}", "fast", 4.0, "stop.wav") for i in range(2 if args.quick else 4)],
+    log("peer (stock pipecat) for v2v:")
+    peer_res = peer.run_peer([Cut(f"v2v-peer-{i}", "fast", 4.0, "stop.wav") for i in range(peer_runs)],
                              work / "peer", log=log)
     ours = [run(work, "base", 0, early, ["three_points.wav"] * 3, log=log, reply=FAST_TEXT, name="peer-clip-")
             for early in (True, False)]
-    out = {"rows": rows, "clips": clips, "reply": REPLY, "peer_v2v_ms": peer_res["v2v_ms"],
-           "ours_three_points": ours}
+    return {"rows": rows, "clips": clips, "reply": REPLY, "peer_v2v_ms": peer_res["v2v_ms"],
+            "ours_on_peer_clip": ours}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny.en and base at 0 ms TTFT only, early rule only")
+    p.add_argument("--json")
+    p.add_argument("--keep", metavar="DIR")
+    p.add_argument("--reuse", action="store_true", help="with --keep: measure the replays kept there again")
+    args = p.parse_args(argv)
+    global REUSE
+    REUSE = args.reuse
+    import tempfile
+
+    work = Path(args.keep or tempfile.mkdtemp(prefix="voice-v2v-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out = measure(work, quick=args.quick, peer_runs=2 if args.quick else 4,
+                  log=lambda *a: print(*a, file=sys.stderr, flush=True))
+    log = lambda *a: print(*a, flush=True)  # noqa: E731
+    for r in out["rows"] + out["ours_on_peer_clip"]:
+        log(f"{r['tag']}: v2v p50 {r['v2v_ms']['p50']:.0f} p95 {r['v2v_ms']['p95']:.0f}; splits {r['false_splits']}")
+    log(f"peer v2v p50 {out['peer_v2v_ms']['p50']}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
