@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from common import AUDIO, RATE, first_loud, prefix_error, read_wav, stats, word_edit_distance, words
+from common import AUDIO, RATE, first_loud, last_loud, prefix_error, read_wav, stats, word_edit_distance, words
 from replays import ASK, FAST_TEXT, SECOND_TEXT, SLOW_TEXT, Cut
 
 BLOCK = 320
@@ -248,6 +248,8 @@ def run_peer(cuts: list[Cut], workdir: Path, log=print,
         played = r["played"]
         from voice.audio.wav import write_wav
         write_wav(workdir / f"{cut.name}-played.wav", played, RATE)
+        if "reply_start" in r:  # the person stops speaking -> the reply's first sample
+            row["v2v_ms"] = (r["reply_start"] - int(0.5 * RATE) - last_loud(read_wav(AUDIO / ASK))) / RATE * 1000
         if "onset" in r:
             onset, rs = r["onset"], r["reply_start"]
             window = played[rs:onset + r["barge_len"]]
@@ -279,6 +281,7 @@ def run_peer(cuts: list[Cut], workdir: Path, log=print,
     ok = [r for r in rows if "prefix_error_words" in r]
     return {
         "ack_ms": stats([r["ack_ms"] for r in ok if r.get("ack_ms") is not None]),
+        "v2v_ms": stats([r["v2v_ms"] for r in rows if r.get("v2v_ms") is not None]),
         "prefix_error_words": stats([r["prefix_error_words"] for r in ok]),
         "prefix_signed_words": stats([r["prefix_signed_words"] for r in ok]),
         "spoken_prefix_error_words": stats([r["spoken_prefix_error_words"] for r in ok]),

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from voice.speech.clauses import first_clause_end
+
 from common import AUDIO, RATE, last_loud, prefix_error, read_wav, run_replay, stats, words
 
 FAST_TEXT = ("First, the moon is about a quarter of the size of the Earth. Second, it always shows the same face "
@@ -71,12 +73,13 @@ def _events(db: Path) -> list[dict[str, Any]]:
     return [{"turn": t, "type": ty, "payload": json.loads(p), "at_mono": m} for t, ty, p, m in rows]
 
 
-def _clip_ends(summary: dict[str, Any]) -> list[float]:
-    """Mic-clock time of each placed clip's last loud sample."""
+def _clip_ends(summary: dict[str, Any]) -> list[tuple[float, float]]:
+    """Mic-clock (start, time of the last loud sample) of each placed clip."""
     ends = []
     for c in summary["device"]["clips"]:
-        audio = read_wav(AUDIO / Path(c["audio"]).name)
-        ends.append(c["start_s"] + last_loud(audio) / RATE)
+        name = Path(c["audio"]).name
+        audio = read_wav(AUDIO / name if (AUDIO / name).exists() else AUDIO / "human" / name)
+        ends.append((c["start_s"], c["start_s"] + last_loud(audio) / RATE))
     return ends
 
 
@@ -91,11 +94,12 @@ def v2v_breakdown(summary: dict[str, Any], events: list[dict[str, Any]]) -> list
     for turn in summary["turns"]:
         if turn["speech_start_s"] is None:
             continue
-        # the clip whose speech this turn's utterance is (the last clip ending before user_end)
-        candidates = [e for e in ends if e <= turn["user_end_s"] + 0.05]
+        # the clip whose speech this turn's utterance is: the last one that began before the turn
+        # ended (a turn may end before a clip's quiet last sample: the VAD and the early end see it so)
+        candidates = [(start, end) for start, end in ends if start <= turn["user_end_s"]]
         if not candidates:
             continue
-        speech_end = max(candidates)
+        speech_end = max(candidates)[1]
         evs = [e for e in events if e["turn"] == turn["turn"]]
         start = next((e["at_mono"] for e in evs if e["type"] == "turn/start"), None)
         msg = next((e for e in evs if e["type"] in ("assistant/message", "assistant/attempt")), None)
@@ -105,9 +109,9 @@ def v2v_breakdown(summary: dict[str, Any], events: list[dict[str, Any]]) -> list
         if texts:
             first_token_ms = texts[0][0]
             acc = ""
-            for t, d in texts:  # the chunk that completes the first sentence (what TTS waits for)
-                acc += d
-                if re.search(r"[.!?]\s*$", acc.strip()):
+            for t, d in texts:  # the chunk that completes the first spoken piece (what TTS waits for):
+                acc += d  # the first sentence, or its first clause (voice.speech.clauses)
+                if re.search(r"[.!?]\s*$", acc.strip()) or first_clause_end(acc) is not None:
                     first_sentence_ms = t
                     break
             else:

@@ -135,6 +135,15 @@ def main(argv=None) -> int:
             peer = {"error": f"{type(exc).__name__}: {exc}"}
         result["peer"] = peer
 
+    # -- voice to voice: end of turn, speculation, TTFT 0/300, the peer beside --
+    v2v = None
+    if name != "smoke":  # minutes of replays; benchmarks/v2v.py runs it alone
+        import v2v as v2v_mod
+
+        log("voice to voice (benchmarks/v2v.py):")
+        v2v = v2v_mod.measure(work / "v2v", quick=name == "quick", peer_runs=mode["peer"], log=log)
+        result["v2v"] = v2v
+
     # -- flat keys -------------------------------------------------------------
     v2v_tiny = (st or {}).get("v2v_ms", {})
     flat = {
@@ -164,6 +173,13 @@ def main(argv=None) -> int:
         if s:
             for k, v in s["v2v_breakdown_p50"].items():
                 flat[f"v2v_{model}_{k}_p50"] = v
+    for row in (v2v or {}).get("rows", []):
+        key = f"v2v_{row['stt'].replace('.', '_')}_ttft{row['ttft_ms']}_{'early' if row['early'] else 'vad'}"
+        flat[f"{key}_p50"], flat[f"{key}_p95"] = row["v2v_ms"]["p50"], row["v2v_ms"]["p95"]
+        flat[f"{key}_false_splits"] = row["false_splits"]
+        flat[f"{key}_eot_p50"] = row["parts_p50"]["eot_ms"]
+    if v2v:
+        flat["peer_v2v_ms_p50"] = v2v["peer_v2v_ms"]["p50"]
     if peer and "error" not in peer:
         flat["peer_prefix_error_words_mean"] = peer["prefix_error_words"]["mean"]
         flat["peer_ack_ms_p50"] = peer["ack_ms"]["p50"]
@@ -219,6 +235,16 @@ def render(r: dict, vad_table: str) -> str:
     lines.append(f"| peak_rss_mb | {_f(idl['peak_rss_mb'])} | | | 1 | | ru_maxrss of `voice replay --realtime` (stt base) |")
     vc = r["vad_grid"]["vad_cpu"]
     lines.append(f"| Silero+volume CPU per s of audio | {_f(vc['cpu_pct_of_realtime'])} % | | | 1 | | in-process, one core |")
+    for v in (r.get("v2v") or {}).get("rows", []):
+        sp = v["speculations"]
+        lines.append(row(f"v2v_ms ({v['stt']}, TTFT {v['ttft_ms']} ms, {'early end' if v['early'] else 'VAD end'})",
+                         v["v2v_ms"], "", "p50 parts: " + " + ".join(f"{k[:-3]} {_f(x)}" for k, x in v["parts_p50"].items())
+                         + f"; false splits {v['false_splits']}; speculations {sp.get('speculations')}, used {sp.get('used')}"))
+    if r.get("v2v"):
+        lines.append(row("PEER v2v_ms (stock pipecat, smart-turn v3, base)", r["v2v"]["peer_v2v_ms"], "",
+                         "three_points.wav; ours on the same clip and reply: "
+                         + ", ".join(f"{'early' if o['early'] else 'VAD'} {_f(o['v2v_ms']['p50'])}"
+                                     for o in r["v2v"]["ours_on_peer_clip"])))
     if peer is not None:
         if "error" in peer:
             lines.append(f"| PEER | failed | | | | | {peer['error']} |")

@@ -8,7 +8,9 @@ and its SQLite log, the scripted provider and the replay device.
   an utterance's audio came from (the replay device mixes clips into the mic
   sample for sample, so a stretch of the clip appears in it exactly) and
   returns that clip's scripted transcript. Audio it cannot place is an error,
-  never a guess.
+  never a guess. Audio that holds only the start of a clip (a speculative
+  recognition at a pause, voice.speech.turn_end) gets the same share of the
+  clip's words, with no final punctuation: what is unfinished reads so.
 - `WordTts` speaks every word for exactly `word_ms`, each word's samples all
   one nonzero value that names the word (`SpokenWord.code`), so what the
   speaker played says by itself which words were heard, and how much of
@@ -54,14 +56,19 @@ class ScriptedStt:
     def transcribe(self, audio: np.ndarray) -> Transcript:
         # The pipeline hands float32 = int16 / 32768: exact, so back to int16 exactly.
         samples = np.round(audio * 32768).astype(np.int16)
-        name = self._clip_in(samples)
-        self.transcribed.append(name)
+        name, share = self._clip_in(samples)
+        self.transcribed.append(name if share == 1 else f"{name}:start")
         said = self.said[name]
         if said.compute_s:
             time.sleep(said.compute_s)
-        return Transcript(said.text, said.compute_s, said.doubtful)
+        text = said.text
+        if share < 1:
+            heard = text.split()[: int(len(text.split()) * share)]
+            text = " ".join(heard).rstrip(".?!,;:")
+        return Transcript(text, said.compute_s, said.doubtful)
 
-    def _clip_in(self, samples: np.ndarray) -> str:
+    def _clip_in(self, samples: np.ndarray) -> tuple[str, float]:
+        """The clip this audio holds, and the share of its loud span it holds."""
         haystack = samples.tobytes()
         found = []
         for name, clip in self.clips.items():
@@ -73,10 +80,11 @@ class ScriptedStt:
             while at >= 0 and at % 2:  # only whole samples count
                 at = haystack.find(probe, at + 1)
             if at >= 0:
-                found.append(name)
+                span = int(loud[-1] - loud[0]) + 1
+                found.append((name, min(1.0, (len(samples) - at // 2) / span)))
         if len(found) != 1:
             raise AssertionError(f"the fake recogniser cannot tell which clip this utterance is "
-                                 f"({len(samples) / 16000:.2f} s; matches {found})")
+                                 f"({len(samples) / 16000:.2f} s; matches {[n for n, _ in found]})")
         return found[0]
 
 

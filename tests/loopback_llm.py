@@ -30,6 +30,16 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
+def send_reply(handler: BaseHTTPRequestHandler, status: int, kind: str, data: bytes) -> None:
+    """One whole response, then the connection closes (as the loopback servers answer)."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", kind)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class LoopbackLLM:
     def __init__(self, ids: str = "omit", n_ctx: int | None = None):
         self.ids = ids
@@ -64,12 +74,7 @@ class LoopbackLLM:
                 self._send(200, "text/event-stream", b"".join(server.reply(body["messages"])) + b"data: [DONE]\n\n")
 
             def _send(self, status: int, kind: str, data: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
+                send_reply(self, status, kind, data)
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)

@@ -174,8 +174,10 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
         })
     lateness = sorted(device.tick_lateness) or [0.0]
     duration = device.position / MIC_RATE
+    tracker = session.parts.listen.turn_end
     return {
         "turns": turns,
+        "turn_end": {"speculations": tracker.speculations, "used": tracker.used},  # speculative recognitions
         "device": {
             "echo_cancellation": session.echo is not None,
             "duration_s": duration,

@@ -80,7 +80,8 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
                            recorder=recorder)
     wake, gate = listen_gate(settings)
     listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
-                             gate=gate)
+                             gate=gate, stt=models.stt, turn_end=settings.turn_end,
+                             stop_phrases=settings.barge_in.stop_phrases)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"),
@@ -110,13 +111,17 @@ def load_models(config: dict[str, Any], out_rate: int, *, stt_model: str | None 
 
     from voice.errors import UsageError
     from voice.speech.models import ModelMissing, load_with_progress
-    from voice.speech.stt import WhisperEngine
+    from voice.speech.stt import RemoteSttEngine, WhisperEngine
     from voice.speech.tts import PiperEngine
 
     model = stt_model or config["stt"]["model"]
+    remote = config["stt"]["base_url"]
     try:
-        stt = load_with_progress(f"speech recognition (whisper {model})",
-                                 lambda: WhisperEngine(model, config["stt"]["threads"]))
+        if remote:  # a recognition server (stt.base_url); a scenario's own model name then means nothing
+            stt = RemoteSttEngine(remote, config["stt"]["remote_model"], config["stt"]["timeout_s"])
+        else:
+            stt = load_with_progress(f"speech recognition (whisper {model})",
+                                     lambda: WhisperEngine(model, config["stt"]["threads"]))
         tts = load_with_progress("speech synthesis (piper en_US-joe-medium)",
                                  lambda: PiperEngine(out_rate, alignments=config["tts"]["alignments"]))
     except (ModelMissing, ValueError) as exc:

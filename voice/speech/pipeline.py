@@ -1,6 +1,6 @@
 """The pipecat pipeline of the voice surface:
 
-    listen (Silero VAD; end of turn = silence) -> transcribe (faster-whisper)
+    listen (Silero VAD; end of turn: speech/turn_end) -> transcribe (faster-whisper)
     -> converse (hands text to the runtime) -> speak (piper) -> play (buffer)
 
 Our own frames carry sample positions (16 kHz mic clock) and unit refs. A
@@ -14,6 +14,7 @@ the replay clock counts it as in flight.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,8 +35,9 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
 from voice.log.events import Body, ListenSpeech, ListenWake
-from voice.speech.stt import SttEngine
+from voice.speech.stt import SttEngine, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
+from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
 from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
@@ -44,6 +46,10 @@ class UtteranceFrame(DataFrame):
     audio: bytes  # int16 mono 16 kHz, with pre-roll
     start: int  # mic sample position of the speech onset (estimated)
     end: int  # mic sample position where the end of turn was decided
+    # The speculative recognition of exactly this audio (voice.speech.turn_end):
+    # its transcript, or its job still running; None: transcribe it now.
+    transcript: Transcript | None = None
+    pending: asyncio.Future | None = None
 
 
 @dataclass
@@ -82,16 +88,25 @@ class ListenEvents(Protocol):
 
 class ListenProcessor(FrameProcessor):
     """VAD on the mic stream. An utterance ends after `stop_secs` of silence
-    (the VAD's own rule): smart-turn was measured unreliable on these voices
-    and costs 55-95 ms per decision.
+    (the VAD's own rule), or earlier when its speculative transcript is a
+    complete request (voice.speech.turn_end). Smart-turn was measured
+    unreliable on these voices and on read human speech (benchmarks/
+    turn_end.py --smart-turn) and costs 55-95 ms per decision.
 
     Writes `listen/speech` as each stretch of speech ends and `listen/wake`
     when the wake word fires (mic positions): one row per utterance, never
     per block."""
 
     def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
-                 wake=None, gate=None):
+                 wake=None, gate=None, stt: SttEngine | None = None, turn_end: TurnEndSettings | None = None,
+                 stop_phrases: tuple[str, ...] = ()):
         super().__init__(name="listen")
+        # Without an STT engine (tests of the VAD alone) nothing is speculated.
+        settings = turn_end or TurnEndSettings()
+        self.turn_end = TurnEndTracker(settings if stt is not None else TurnEndSettings(enabled=False),
+                                       lambda audio: asyncio.get_running_loop().run_in_executor(
+                                           None, stt.transcribe, audio),
+                                       MIC_RATE, stop_phrases)
         self._wake = wake  # a WakeWordDetector, in "wake" mode
         self.gate = gate  # a ListenGate: which finished utterances are for the assistant
         self._wake_at: int | None = None
@@ -159,10 +174,11 @@ class ListenProcessor(FrameProcessor):
             self._utterance_start = self.position + n - len(self._utterance) // 2
             await self.push_frame(UserStartedSpeakingFrame())
             self._barge_in = self._events.user_started(self._onset)
+            self.turn_end.reset()
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
         if self._events.barge_in_block(n, voiced, self.position + n):
             await self.push_frame(InterruptionFrame())
-        elif self.speaking and state == VADState.QUIET:
+        elif self.speaking and (state == VADState.QUIET or self._complete_turn(n, voiced)):
             self.speaking = False
             audio_bytes, end = bytes(self._utterance), self.position + n
             self._utterance = bytearray()
@@ -172,9 +188,21 @@ class ListenProcessor(FrameProcessor):
                                                  decided=end, for_assistant=audio_bytes is not None), None)
             if audio_bytes is not None:
                 self._events.utterance_ended(self._onset)  # its words are on their way
-                await self.push_frame(UtteranceFrame(audio=audio_bytes, start=self._onset, end=end))
+                await self.push_frame(self._utterance_frame(audio_bytes, end))
+            self.turn_end.abandon()
         self.position += n
 
+    def _complete_turn(self, samples: int, voiced: bool) -> bool:
+        """The end-of-turn hook: speculation at short pauses (only while the
+        assistant is silent: the cores are its while it speaks), and an
+        early end when the utterance so far is a complete request."""
+        return self.turn_end.block(self._utterance, samples, voiced, may_speculate=not self._events.assistant_busy())
+
+    def _utterance_frame(self, audio: bytes, end: int) -> UtteranceFrame:
+        frame = UtteranceFrame(audio=audio, start=self._onset, end=end)
+        if len(audio) // 2 == end - self._utterance_start:  # not cut by the wake word: the speculation is of this audio
+            frame.transcript, frame.pending = self.turn_end.final()
+        return frame
 
     def _for_assistant(self, audio: bytes, end: int) -> bytes | None:
         """The utterance's audio if it is meant for the assistant, with the
@@ -204,18 +232,34 @@ class TranscribeProcessor(FrameProcessor):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, UtteranceFrame):
-            audio = np.frombuffer(frame.audio, np.int16).astype(np.float32) / 32768.0
             self.busy = True
             try:
-                result = await run_blocking(self._stt.transcribe, audio)
+                result, after_end = await self._recognise(frame)
             finally:
                 self.busy = False
             # Even no words are news: a sound that paused the reply is then
             # judged at once instead of after the judge's resume timeout.
             await self.push_frame(UserTextFrame(text=result.text.strip(), start=frame.start, end=frame.end,
-                                                stt_s=result.seconds, doubtful=result.doubtful))
+                                                stt_s=after_end, doubtful=result.doubtful))
         else:
             await self.push_frame(frame, direction)
+
+
+    async def _recognise(self, frame: UtteranceFrame) -> tuple[Transcript, float]:
+        """The utterance's transcript and the recognition time it cost after
+        the end of turn: none when the speculation already has it, the rest
+        of its run when it is on its way, else a whole recognition."""
+        if frame.transcript is not None:
+            return frame.transcript, 0.0
+        if frame.pending is not None:
+            waited = time.monotonic()
+            try:
+                return await asyncio.shield(frame.pending), time.monotonic() - waited
+            except Exception:  # the speculation failed: recognise afresh (its error is the engine's to repeat)
+                pass
+        audio = np.frombuffer(frame.audio, np.int16).astype(np.float32) / 32768.0
+        result = await run_blocking(self._stt.transcribe, audio)
+        return result, result.seconds
 
 
 class ConverseProcessor(FrameProcessor):

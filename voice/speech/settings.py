@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice.speech.judge import STOP_PHRASES
+from voice.speech.turn_end import TurnEndSettings
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class VoiceSettings:
     vad: VadSettings = field(default_factory=VadSettings)
     barge_in: BargeInSettings = field(default_factory=BargeInSettings)
     listen: ListenSettings | None = None  # None: open, with no gate at all
+    turn_end: TurnEndSettings = field(default_factory=TurnEndSettings)
     shutdown_s: float = 5.0
     conversation: ConversationRules = field(default_factory=ConversationRules)
 
@@ -63,6 +65,7 @@ class VoiceSettings:
             listen=ListenSettings(listen_mode or listen["mode"], listen["wake_word"], window_s or listen["window_s"]),
             shutdown_s=config["service"]["shutdown_s"],
             conversation=conversation_rules(config),
+            turn_end=TurnEndSettings(**config["turn_end"]),
         )
 
 

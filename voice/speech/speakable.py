@@ -32,6 +32,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from voice.speech.clauses import first_clause_end
+
 # -- the result ---------------------------------------------------------------
 
 
@@ -369,6 +371,8 @@ class SpeakableStream:
     def feed(self, delta: str) -> list[SpokenSentence]:
         self.text += delta
         out: list[SpokenSentence] = []
+        if self._count == 0 and (end := self._first_clause_end()) is not None:
+            out += self._emit(end)  # first audio sooner (voice.speech.clauses)
         while (end := self._next_end()) is not None:
             out += self._emit(end)
         return out
@@ -376,6 +380,19 @@ class SpeakableStream:
     def close(self) -> list[SpokenSentence]:
         """The reply is complete: what is left is the last sentence."""
         return self._emit(len(self.text)) if self._cut < len(self.text) else []
+
+    def _first_clause_end(self) -> int | None:
+        """Where the reply's first sentence may be cut after its first clause:
+        not in a code fence, not across a line, not inside a code span or a
+        link's brackets."""
+        end = first_clause_end(self.text, self._cut)
+        if end is None or self._in_fence:
+            return None
+        before = self.text[self._cut : end]
+        if "\n" in before or before.count("`") % 2 or before.count("[") > before.count("]") \
+                or before.count("(") > before.count(")"):
+            return None
+        return end
 
     def _next_end(self) -> int | None:
         newline = self.text.find("\n", self._cut)

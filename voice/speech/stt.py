@@ -1,13 +1,17 @@
 """Speech to text with faster-whisper, on the CPU, from bundled weights.
 
 Whisper encodes a 30 s window whatever the utterance length, so latency is a
-fixed cost per utterance: the pipeline hands over whole utterances.
+fixed cost per utterance: the pipeline hands over whole utterances (and the
+utterance so far at a pause: voice.speech.turn_end). `RemoteSttEngine` does
+the same over HTTP, on an OpenAI-compatible transcription server.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import time
+import wave
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,3 +80,40 @@ class WhisperEngine:
             condition_on_previous_text=False, word_timestamps=True,
         )
         return [(w.word.strip(), w.start, w.end) for s in segments for w in (s.words or [])]
+
+
+class RemoteSttEngine:
+    """An OpenAI-compatible transcription server (`POST {base_url}/audio/
+    transcriptions`, as faster-whisper servers and vLLM offer): the same
+    interface as `WhisperEngine`, for a bigger machine. `verbose_json`
+    brings the segments' log-probabilities, so doubtful words are judged as
+    locally; a server that sends only text never marks words doubtful."""
+
+    def __init__(self, base_url: str, model: str = "whisper-1", timeout_s: float = 10.0, api_key: str = "none"):
+        from openai import OpenAI
+
+        self.name = f"remote:{model}"
+        self._model = model
+        self._client = OpenAI(base_url=base_url.rstrip("/"), api_key=api_key, timeout=timeout_s, max_retries=0)
+
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        started = time.perf_counter()
+        reply = self._client.audio.transcriptions.create(
+            model=self._model, file=("utterance.wav", _wav(audio)), language="en", temperature=0.0,
+            response_format="verbose_json")
+        segments = getattr(reply, "segments", None) or []
+        doubtful = bool(segments) and all(
+            s.avg_logprob < DOUBTFUL_LOGPROB or (s.avg_logprob < UNSURE_LOGPROB and s.no_speech_prob > DOUBTFUL_NO_SPEECH)
+            for s in segments)
+        return Transcript(reply.text.strip(), time.perf_counter() - started, doubtful)
+
+
+def _wav(audio: np.ndarray) -> bytes:
+    """float32 mono 16 kHz -> a 16-bit WAV file's bytes."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes())
+    return out.getvalue()

@@ -1,0 +1,166 @@
+"""End of turn: when the person has finished speaking, and what they said.
+
+The VAD alone ends an utterance after `stop_secs` (0.6 s) of silence, then
+Whisper transcribes it from scratch: two thirds of the reply's latency was
+spent there, after the person had stopped. Instead, at a short pause (no
+voiced block for `speculate_s`) the utterance so far is transcribed in the
+background (speculation). When that transcript is a complete request and
+the pause has lasted `end_s`, the turn ends at once and the transcript is
+the final one: no recognition is left after the end of turn. An incomplete
+transcript ("Go forward,", "Stop.") waits the VAD's full silence; if the
+person speaks on, the speculative transcript is stale and dropped.
+
+`complete` and `decide` are the pure rules; `TurnEndTracker` keeps the state
+of one utterance for ListenProcessor, block by block, and never blocks: the
+recognition runs in the executor and is looked at on the next block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from voice.speech.stt import Transcript
+
+# A complete request ends a sentence. These last words say the speaker is
+# not done, whatever Whisper's punctuation ("Turn the lights on and.").
+TRAILING = frozenset(
+    "a an the and or but so because if then to of for with in on at by from into about than that which who "
+    "my your our their his her its is are was were be um uh er like".split())
+# Fillers that carry no request; an utterance of only these (and stop phrases)
+# is not a request of its own: "Stop." is often followed by one.
+FILLERS = frozenset("okay ok please no yes yeah oh so well hey um uh er hmm mm".split())
+WORD = re.compile(r"[a-z0-9']+")
+
+
+@dataclass(frozen=True)
+class TurnEndSettings:
+    speculate_s: float = 0.05  # pause after which the utterance so far is transcribed
+    end_s: float = 0.45  # silence that ends a complete request (the VAD's stop_secs ends any other)
+    min_words: int = 3  # fewer words never end early: "Stop.", "Wait." are often the start of more
+    enabled: bool = True
+
+
+def complete(text: str, stop_phrases: tuple[str, ...] = ()) -> bool:
+    """Whether a transcript reads as a finished request: it ends a sentence
+    (. ? !), has at least three words (see `TurnEndSettings.min_words`), its
+    last word does not leave it hanging, and it is not only stop phrases and
+    fillers (those are decided by the VAD's full silence)."""
+    return _complete(text, stop_phrases, TurnEndSettings().min_words)
+
+
+def _complete(text: str, stop_phrases: tuple[str, ...], min_words: int) -> bool:
+    text = text.strip()
+    if not text or text.endswith("...") or text[-1] not in ".?!":
+        return False
+    words = WORD.findall(text.lower())
+    if len(words) < min_words or words[-1] in TRAILING:
+        return False
+    rest = " ".join(w for w in words if w not in FILLERS)
+    for phrase in sorted(stop_phrases, key=len, reverse=True):
+        rest = re.sub(rf"\b{re.escape(phrase.lower())}\b", " ", rest)
+    return bool(rest.strip())
+
+
+def decide(transcript: str | None, silence_s: float, settings: TurnEndSettings,
+           stop_phrases: tuple[str, ...] = ()) -> bool:
+    """End the turn now? Only a known, complete transcript after `end_s` of
+    silence; everything else waits for the VAD's own end."""
+    return (settings.enabled and transcript is not None and silence_s >= settings.end_s
+            and _complete(transcript, stop_phrases, settings.min_words))
+
+
+@dataclass
+class _Speculation:
+    covers: int  # bytes of the utterance it transcribed
+    job: asyncio.Future
+
+
+class TurnEndTracker:
+    """One utterance's speculation and early end, fed block by block.
+
+    `start_job(audio)` starts a recognition and returns its future (the
+    executor); the tracker looks at it on later blocks. A result is *valid*
+    when no voiced block came after the audio it covered: then it is the
+    transcript of the whole utterance.
+    """
+
+    def __init__(self, settings: TurnEndSettings, start_job: Callable[[np.ndarray], asyncio.Future],
+                 rate: int, stop_phrases: tuple[str, ...] = ()):
+        self.settings = settings
+        self._start_job = start_job
+        self._rate = rate
+        self._stop_phrases = stop_phrases
+        self.speculations = self.used = 0  # over the session: recognitions started, and those that gave the words
+        self.reset()
+
+    def reset(self) -> None:
+        self._silent = 0  # samples since the last voiced block
+        self._voiced_to = 0  # bytes of the utterance up to the end of its last voiced block
+        self._spec: _Speculation | None = None
+        self._result: tuple[int, Transcript] | None = None  # (bytes covered, transcript)
+        self.started = 0  # speculations started for this utterance (the benchmark counts them)
+
+    def block(self, utterance: bytearray, samples: int, voiced: bool, may_speculate: bool) -> bool:
+        """After `utterance` grew by one block: True to end the turn now."""
+        if voiced:
+            self._silent = 0
+            self._voiced_to = len(utterance)
+        else:
+            self._silent += samples
+        silence_s = self._silent / self._rate
+        spec = self._spec
+        if spec is not None and spec.job.done():
+            self._spec = None
+            if not spec.job.cancelled() and spec.job.exception() is None:
+                self._result = (spec.covers, spec.job.result())
+        if (self._spec is None and may_speculate and self.settings.enabled and not voiced
+                and silence_s >= self.settings.speculate_s and not self._covered(len(utterance))):
+            audio = np.frombuffer(bytes(utterance), np.int16).astype(np.float32) / 32768.0
+            self._spec = _Speculation(len(utterance), self._start_job(audio))
+            self.started += 1
+            self.speculations += 1
+        transcript = self.transcript()
+        return decide(transcript.text if transcript else None, silence_s, self.settings, self._stop_phrases)
+
+    def _covered(self, length: int) -> bool:
+        """A valid transcript, or one on its way, already covers every voiced block."""
+        covers = self._spec.covers if self._spec else self._result[0] if self._result else -1
+        return covers >= self._voiced_to
+
+    def transcript(self) -> Transcript | None:
+        """The speculative transcript of the whole utterance so far, if valid."""
+        if self._result is not None and self._result[0] >= self._voiced_to:
+            return self._result[1]
+        return None
+
+    def pending(self) -> asyncio.Future | None:
+        """A valid speculation still running (the final transcript may wait
+        for it rather than start again)."""
+        if self._spec is not None and self._spec.covers >= self._voiced_to:
+            return self._spec.job
+        return None
+
+    def final(self) -> tuple[Transcript | None, asyncio.Future | None]:
+        """At the end of the turn: the transcript, or the job that will give
+        it, when a speculation covers the whole utterance."""
+        transcript, pending = self.transcript(), self.pending()
+        if transcript is not None or pending is not None:
+            self.used += 1
+        return transcript, pending
+
+    def abandon(self) -> None:
+        """The utterance is over or dropped: a running job's result is never
+        used (the thread finishes on its own; its outcome is collected)."""
+        if self._spec is not None:
+            self._spec.job.add_done_callback(_collect)
+        self.reset()
+
+
+def _collect(job: asyncio.Future) -> None:
+    if not job.cancelled():
+        job.exception()
