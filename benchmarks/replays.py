@@ -75,7 +75,8 @@ def _clip_ends(summary: dict[str, Any]) -> list[float]:
     """Mic-clock time of each placed clip's last loud sample."""
     ends = []
     for c in summary["device"]["clips"]:
-        audio = read_wav(AUDIO / Path(c["audio"]).name)
+        name = Path(c["audio"]).name
+        audio = read_wav(AUDIO / name if (AUDIO / name).exists() else AUDIO / "human" / name)
         ends.append(c["start_s"] + last_loud(audio) / RATE)
     return ends
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.speech.barge_in import BargeInController
 from voice.speech.judge import BargeInJudge
+from voice.speech.onset import FrameScoringSilero
 from voice.speech.pipeline import (
     ConverseProcessor,
     ListenProcessor,
@@ -42,8 +42,8 @@ class SpeechModels:
     echo: Any = None  # an EchoCanceller (voice.audio.echo), or None: no echo cancellation
 
 
-def vad_analyzer(vad: VadSettings) -> SileroVADAnalyzer:
-    analyzer = SileroVADAnalyzer(sample_rate=MIC_RATE, params=VADParams(
+def vad_analyzer(vad: VadSettings) -> FrameScoringSilero:
+    analyzer = FrameScoringSilero(sample_rate=MIC_RATE, params=VADParams(
         confidence=vad.confidence, start_secs=vad.start_secs, stop_secs=vad.stop_secs, min_volume=vad.min_volume))
     analyzer.set_sample_rate(MIC_RATE)
     return analyzer

@@ -33,6 +33,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
+from voice.speech.onset import MAX_LEAD_S, FrameScoringSilero, OnsetDetector
 from voice.speech.stt import SttEngine
 from voice.speech.tts import SpeechAudio, TtsEngine
 from voice.speech.voice_surface import Sentence, VoiceSurface
@@ -69,6 +70,7 @@ class ListenEvents(Protocol):
     """What the processors tell the session (voice.speech.session)."""
 
     def user_started(self, onset: int) -> bool: ...
+    def speech_onset(self, onset: int) -> bool: ...
     def assistant_busy(self) -> bool: ...
     def woke(self) -> None: ...
     def ignored(self, why: str) -> None: ...
@@ -102,6 +104,8 @@ class ListenProcessor(FrameProcessor):
         self.speaking = False
         self.muted = False
         self._onset = 0
+        self._onsets = OnsetDetector(vad.params.confidence) if isinstance(vad, FrameScoringSilero) else None
+        self._early_onset: int | None = None  # where the first frames of speech paused the reply
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -142,9 +146,10 @@ class ListenProcessor(FrameProcessor):
         if self.speaking:
             self._utterance += audio
         voiced = state in (VADState.STARTING, VADState.SPEAKING)
+        self._pause_on_first_frames(n)
         if not self.speaking and state == VADState.SPEAKING:
             self.speaking = True
-            self._onset = max(0, self.position + n - self._start_samples)
+            self._onset = self._speaking_onset(n)
             self._utterance = bytearray(b"".join(self._preroll))
             self._utterance_start = self.position + n - len(self._utterance) // 2
             await self.push_frame(UserStartedSpeakingFrame())
@@ -163,6 +168,22 @@ class ListenProcessor(FrameProcessor):
                 await self.push_frame(UtteranceFrame(audio=audio_bytes, start=self._onset, end=end))
         self.position += n
 
+    def _pause_on_first_frames(self, n: int) -> None:
+        """The acknowledgement from the first frames of speech (voice.speech.onset),
+        before the analyzer's SPEAKING: a tentative pause that SPEAKING confirms."""
+        if self._onsets is None:
+            return
+        onset = self._onsets.feed(self._vad.frames(), self.position + n)
+        if onset is not None and not self.speaking and self._events.speech_onset(onset):
+            self._early_onset = onset
+
+    def _speaking_onset(self, n: int) -> int:
+        """Where the utterance that just reached SPEAKING began: the onset
+        that paused the reply if it is this speech, else `start_secs` back."""
+        early, self._early_onset = self._early_onset, None
+        if early is not None and self.position + n - early <= MAX_LEAD_S * MIC_RATE:
+            return early
+        return max(0, self.position + n - self._start_samples)
 
     def _for_assistant(self, audio: bytes, end: int) -> bytes | None:
         """The utterance's audio if it is meant for the assistant, with the

@@ -192,6 +192,9 @@ class VoiceSession:
     def user_started(self, onset: int) -> bool:
         return self.parts.barge_in.onset(onset)
 
+    def speech_onset(self, onset: int) -> bool:
+        return self.parts.barge_in.first_frames(onset)
+
     def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool:
         return self.parts.barge_in.block(samples, voiced, position, self.parts.listen.speaking)
 
