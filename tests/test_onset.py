@@ -41,7 +41,7 @@ def listen(signal: np.ndarray) -> tuple[list[int], list[int]]:
     try:
         for end in range(BLOCK, len(signal) + 1, BLOCK):
             state = analyzer._run_analyzer(signal[end - BLOCK:end].tobytes())
-            onset = detector.feed(analyzer.frames(), end)
+            onset = detector.feed(analyzer.take_frames(), end)
             if onset is not None:
                 onsets.append(onset)
             if state == VADState.SPEAKING and not speaking:

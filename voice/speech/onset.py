@@ -7,7 +7,8 @@ to open (benchmarks/RESULTS.md, the VAD grid). The pause is reversible (the
 barge-in controller confirms or resumes it), so it need not wait for that:
 `OnsetDetector` takes it on the first 32 ms Silero frame that the model
 scores as speech and that is itself loud enough on the echo-cancelled
-signal. The frame's probability is the same model call the analyzer makes
+signal (`ONSET_CONFIDENCE`, `LEVEL_FLOOR_DBFS`). The frame's probability
+is the same model call the analyzer makes
 (`FrameScoringSilero` keeps it), so this costs no inference of its own.
 
 Echo safety: the echo canceller's residual of the assistant's own voice sits
@@ -25,6 +26,10 @@ from pipecat.audio.vad.silero import SileroVADAnalyzer
 
 FRAME = 512  # samples: one Silero window at 16 kHz (32 ms)
 LEVEL_FLOOR_DBFS = -50.0  # a frame quieter than this is not an onset, whatever Silero says
+# Silero's probability for one frame to pause on. 0.7 (the VAD's own threshold) paused on a -26 dBFS
+# harmonic hum that SPEAKING never reached; at 0.85 the non-speech set pauses exactly as often as
+# with SPEAKING alone (benchmarks/ack.py --frames), and speech frames score 0.9-1.0.
+ONSET_CONFIDENCE = 0.85
 MAX_LEAD_S = 0.5  # SPEAKING this long after an onset frame is other speech, not its confirmation
 
 
@@ -66,16 +71,31 @@ class FrameScoringSilero(SileroVADAnalyzer):
         self._frames = [ScoredFrame(left + (n - 1 - i) * FRAME, c, lv) for i, (c, lv) in enumerate(self._scored)]
         return state
 
-    def frames(self) -> list[ScoredFrame]:
-        """The frames the last `analyze_audio` call scored, oldest first."""
-        return self._frames
+    def take_frames(self) -> list[ScoredFrame]:
+        """The frames the last `analyze_audio` call scored, oldest first (once)."""
+        frames, self._frames = self._frames, []
+        return frames
+
+    def restart(self, skipped: int) -> None:
+        """The VAD was off for `skipped` samples of quiet and starts again on
+        a frame boundary: as if it had scored them as quiet. Its state was
+        QUIET when it stopped; the partial frame is dropped, the loudness
+        window emptied (the caller feeds its pre-roll first), the model keeps
+        its state and its periodic reset comes when it would have.
+        Call between `analyze_audio` calls."""
+        self._vad_buffer = b""
+        self._volume_tracker.reset()
+        self._prev_volume = 0.0
+        self._windows_since_reset += skipped // FRAME
+        self._low_confidence_windows += skipped // FRAME
 
 
 class OnsetDetector:
     """Speech began where `frames` consecutive frames were scored at least
     `confidence` and were at least `level_floor_dbfs` loud."""
 
-    def __init__(self, confidence: float, *, frames: int = 1, level_floor_dbfs: float = LEVEL_FLOOR_DBFS):
+    def __init__(self, confidence: float = ONSET_CONFIDENCE, *, frames: int = 1,
+                 level_floor_dbfs: float = LEVEL_FLOOR_DBFS):
         self.confidence = confidence
         self.frames_needed = frames
         self.level_floor_dbfs = level_floor_dbfs

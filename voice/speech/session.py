@@ -118,7 +118,7 @@ class VoiceSession:
 
         async def on_mic(block: bytes, reference: bytes) -> None:
             if self.echo is not None:
-                block = self.echo.process(block, reference)
+                block = self.echo.process(block, reference, busy=self.assistant_busy())
                 if not block:
                     return
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
