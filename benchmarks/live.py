@@ -156,17 +156,20 @@ def live_ack(server: AudioServer, work: Path, n: int) -> dict:
 # -- idle CPU ---------------------------------------------------------------------------------------
 
 
-def idle_cpu(server: AudioServer, work: Path, window: float) -> dict:
-    daemon = LiveDaemon(work / "idle", server)
+def idle_cpu(server: AudioServer, work: Path, window: float, mode: str = "open") -> dict:
+    """`voice run` in listen mode `mode` ("open", or "wake": nothing said, so
+    only the wake word listens), CPU over `window` seconds of silence."""
+    daemon = LiveDaemon(work / f"idle-{mode}", server, listen_mode=mode)
     try:
         daemon.wait_listening()
         time.sleep(3.0)  # past start-up
+        load = os.getloadavg()[0]
         c0, t0 = cpu_seconds(daemon.proc.pid), time.monotonic()
         time.sleep(window)
         c1, t1 = cpu_seconds(daemon.proc.pid), time.monotonic()
     finally:
         daemon.stop()
-    return {"idle_cpu_pct": (c1 - c0) / (t1 - t0) * 100, "idle_window_s": t1 - t0}
+    return {"idle_cpu_pct": (c1 - c0) / (t1 - t0) * 100, "idle_window_s": t1 - t0, "load_avg_1min": load}
 
 
 def main() -> int:
@@ -174,6 +177,8 @@ def main() -> int:
     ap.add_argument("--clicks", type=int, default=10)
     ap.add_argument("--conversations", type=int, default=3)
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of silence to measure idle CPU over")
+    ap.add_argument("--idle-only", action="store_true", help="only idle CPU, in open and wake mode, --repeat times")
+    ap.add_argument("--repeat", type=int, default=2, help="idle measurements per mode with --idle-only")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", type=Path, help="keep recordings and logs here")
     args = ap.parse_args()
@@ -182,6 +187,15 @@ def main() -> int:
         log(f"live benchmark: {reason}")
         return 2
     work = args.keep or Path(tempfile.mkdtemp(prefix="voice-live-bench-"))
+    if args.idle_only:
+        with AudioServer() as server:
+            runs = [idle_cpu(server, work / str(i), args.idle, mode) for i in range(args.repeat) for mode in ("wake", "open")]
+        for i, r in enumerate(runs):
+            print(f"{('wake', 'open')[i % 2]:5} idle CPU {r['idle_cpu_pct']:.1f} % over {r['idle_window_s']:.0f} s "
+                  f"(load average {r['load_avg_1min']:.1f})")
+        if args.json:
+            args.json.write_text(json.dumps(runs, indent=2) + "\n")
+        return 0
     with AudioServer() as server:
         result = output_delay(server, args.clicks)
         result.update(live_ack(server, work, args.conversations))

@@ -60,13 +60,13 @@ class LiveDaemon:
     socket is private too."""
 
     def __init__(self, tmp: Path, audio: AudioServer, script: Path | None = None, *, config: str | None = None,
-                 args: tuple[str, ...] = ()):
+                 args: tuple[str, ...] = (), listen_mode: str = "open"):
         tmp.mkdir(parents=True, exist_ok=True)
         self.db = tmp / "events.db"
         self.env = {**audio.env, "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data"),
                     "XDG_CONFIG_HOME": str(tmp / "config"), "HF_HUB_OFFLINE": "1",
                     # the person speaks without the wake word; wake mode has its own replay test
-                    "VOICE_LISTEN_MODE": "open"}
+                    "VOICE_LISTEN_MODE": listen_mode}
         if config is not None:
             (tmp / "config" / "voice").mkdir(parents=True, exist_ok=True)
             (tmp / "config" / "voice" / "voice.toml").write_text(config)

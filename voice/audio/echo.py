@@ -14,6 +14,14 @@ over the last few seconds of loud playback, of mic/reference level, each
 the loudest 10 ms in the last half second for the mic and in the quarter
 second before that for the reference (so an echo delayed up to 250 ms lines
 up; the person's voice only ever raises the estimate, the safe side).
+
+AEC3 through livekit's FFI is the largest single cost while the service
+waits (3.2 % of a core), so it runs only while there is echo to cancel:
+while the assistant is busy (a turn running or audio queued, so it is
+running some time before the first sample plays) and for `TAIL_S` after the
+speaker last played something loud (the room's echo). Otherwise the mic
+passes through untouched, in the same 10 ms framing, and the reference is
+dropped, so the two streams stay aligned when it starts again.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ COUPLED_DB = -45.0  # mic/reference energy above this in quiet moments: the spea
 LOUD_REFERENCE = 300.0  # RMS of a reference block that counts as playback
 WINDOW = 300  # estimates kept (~3 s of loud playback)
 ENVELOPE = 50  # frames (0.5 s) over which mic and reference levels are compared
+TAIL_S = 2.0  # AEC3 keeps running this long after the speaker last played something loud
 
 
 class EchoUnavailable(RuntimeError):
@@ -47,13 +56,28 @@ class EchoCanceller:
         self._ref_levels: list[float] = []
         self._mic_levels: list[float] = []
         self.coupled = True  # until measured, assume laptop speakers
+        self.running = True  # AEC3 is processing (False: idle, the mic passes through)
+        self._quiet_samples = 0  # mic samples since the reference was last loud
 
-    def process(self, mic: bytes, reference: bytes) -> bytes:
+    def process(self, mic: bytes, reference: bytes, *, busy: bool = True) -> bytes:
         """One duplex block: `reference` (what was just played, 16 kHz) and
-        `mic` (captured with it). Returns as many cleaned mic samples as
-        whole 10 ms frames allow; the rest waits for the next block."""
-        self._ref = np.concatenate([self._ref, np.frombuffer(reference, np.int16)])
+        `mic` (captured with it); `busy`: the assistant is busy (it may play
+        soon). Returns as many cleaned mic samples as whole 10 ms frames
+        allow; the rest waits for the next block."""
+        ref = np.frombuffer(reference, np.int16)
         self._mic = np.concatenate([self._mic, np.frombuffer(mic, np.int16)])
+        if len(ref) and int(np.max(np.abs(ref.astype(np.int32)))) >= LOUD_REFERENCE:
+            self._quiet_samples = 0
+        else:
+            self._quiet_samples += len(mic) // 2
+        if not busy and self._quiet_samples > TAIL_S * 16000:  # nothing to cancel: pass the mic through
+            self.running = False
+            self._ref = np.zeros(0, np.int16)
+            whole = len(self._mic) - len(self._mic) % FRAME
+            out, self._mic = self._mic[:whole], self._mic[whole:]
+            return out.tobytes()
+        self.running = True
+        self._ref = np.concatenate([self._ref, ref])
         out = []
         while len(self._mic) >= FRAME:
             raw = self._mic[:FRAME]

@@ -45,7 +45,8 @@ def _open_device(config: dict[str, Any], replay: Path | None, idle):
         return ReplayDevice(scenario, idle=idle, realtime=True, hold=True), scenario
     audio = config["audio"]
     try:
-        return LiveDevice(audio["input"] or None, audio["output"] or None), None
+        # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms (benchmarks/RESULTS.md)
+        return LiveDevice(audio["input"] or None, audio["output"] or None, block_ms=32), None
     except AudioUnavailable as exc:
         raise UsageError(str(exc)) from None
 

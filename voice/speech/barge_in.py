@@ -1,7 +1,11 @@
 """Barge-in control: pause, confirm or resume, clear.
 
 Speech onset while the assistant is busy (a turn running or audio queued)
-pauses the speaker at once: that is the acknowledgement. The judge
+pauses the speaker at once: that is the acknowledgement. It is taken on the
+first frames of speech (`first_frames`, voice.speech.onset), before the
+VAD has decided it is speech: such a pause is tentative, and is withdrawn
+(resumed) unless the VAD reports SPEAKING within `TENTATIVE_S`. For
+`REARM_S` after any resume only SPEAKING pauses. The judge
 (voice.speech.judge, a pure state machine) then confirms or resumes, from
 the voiced length of the utterance or, when it ends sooner, from its words.
 A confirmed barge-in cancels the agent's turn (its cancel scope), clears
@@ -33,6 +37,11 @@ from voice.speech.judge import BargeInJudge, is_backchannel, stop_intent
 # (event body, turn) -> the log
 Log = Callable[[Body, int | None], None]
 
+TENTATIVE_S = 0.4  # a pause from the first frames is withdrawn unless SPEAKING follows within this
+# After a pause was resumed only SPEAKING pauses, for this long: a sound that keeps coming back (the
+# speaker's own echo without echo cancellation, a knocking) would otherwise make the reply stutter.
+REARM_S = 2.0
+
 
 @dataclass(frozen=True)
 class Heard:
@@ -57,6 +66,9 @@ class BargeInController:
         self._on_cut = on_cut  # the running turn was cut by speech that began at this onset
         self._ignored = ignored
         self._pause_turn: int | None = None
+        self._tentative = False  # the pause came from the first frames, and SPEAKING has not followed yet
+        self._position = 0  # the listener's, at the last block
+        self._first_frames_from = 0  # the first-frames pause is off before this position (after a resume)
         self._cut: tuple[int, int | None] | None = None  # (onset, turn) confirmed before its words were known
         self._words_due: set[int] = set()  # onsets of utterances that ended and are being transcribed
         self._position = 0  # the mic position of the latest block: where a decision is taken
@@ -66,10 +78,21 @@ class BargeInController:
 
     # -- from the listener, one mic block at a time --------------------------
 
+    def first_frames(self, onset: int) -> bool:
+        """The first frames of speech, from `onset`, before the VAD's SPEAKING:
+        while the assistant is busy this pauses the output, tentatively."""
+        if onset < self._first_frames_from:
+            return False
+        self._tentative = self.onset(onset)
+        return self._tentative
+
     def onset(self, onset: int) -> bool:
-        """Speech began at `onset`. While the assistant is busy this pauses
-        the output (the acknowledgement) and returns True: the utterance is
-        a barge-in and needs no wake word."""
+        """Speech began at `onset` (the VAD says SPEAKING). While the assistant
+        is busy this pauses the output (the acknowledgement) and returns True:
+        the utterance is a barge-in and needs no wake word."""
+        if self._tentative and self.judge.onset == onset:  # the speech that paused it, confirmed by the VAD
+            self._tentative = False
+            return True
         if self.judge.pending or not self.assistant_busy():
             return False
         self.judge.start(onset)
@@ -85,7 +108,13 @@ class BargeInController:
         self._position = position
         onset = self.judge.onset
         words_due = speaking or onset in self._words_due
-        verdict = self.judge.feed(samples, voiced, position, words_due)
+        if self._tentative:  # the judge counts voiced speech from SPEAKING on, as without the early pause
+            too_late = onset is not None and position - onset >= TENTATIVE_S * self.judge.rate
+            verdict = self.judge.withdraw() if too_late else None  # the VAD never called it speech
+        else:
+            verdict = self.judge.feed(samples, voiced, position, words_due)
+        if verdict is not None:
+            self._tentative = False
         if verdict == "confirm" and onset is not None:
             self._cut = (onset, self._pause_turn)  # its words, once heard, say whether it asked for more
         elif verdict == "resume":
@@ -166,6 +195,7 @@ class BargeInController:
         if verdict is None or onset is None:
             return False
         if verdict == "resume":
+            self._first_frames_from = self._position + int(REARM_S * self.judge.rate)
             self.buffer.request_resume()
             self._log(SpeechResumed(onset=onset, reason=reason, at=self.buffer.position), self._pause_turn)
             return False

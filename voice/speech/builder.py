@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.speech.barge_in import BargeInController
 from voice.speech.judge import BargeInJudge
+from voice.speech.onset import FrameScoringSilero
 from voice.speech.pipeline import (
     ConverseProcessor,
     ListenProcessor,
@@ -42,8 +42,8 @@ class SpeechModels:
     echo: Any = None  # an EchoCanceller (voice.audio.echo), or None: no echo cancellation
 
 
-def vad_analyzer(vad: VadSettings) -> SileroVADAnalyzer:
-    analyzer = SileroVADAnalyzer(sample_rate=MIC_RATE, params=VADParams(
+def vad_analyzer(vad: VadSettings) -> FrameScoringSilero:
+    analyzer = FrameScoringSilero(sample_rate=MIC_RATE, params=VADParams(
         confidence=vad.confidence, start_secs=vad.start_secs, stop_secs=vad.stop_secs, min_volume=vad.min_volume))
     analyzer.set_sample_rate(MIC_RATE)
     return analyzer
@@ -81,7 +81,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     wake, gate = listen_gate(settings)
     listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
                              gate=gate, stt=models.stt, turn_end=settings.turn_end,
-                             stop_phrases=settings.barge_in.stop_phrases)
+                             stop_phrases=settings.barge_in.stop_phrases, report_ignored=aside is not None)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"),

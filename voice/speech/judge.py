@@ -123,6 +123,10 @@ class BargeInJudge:
             return None
         return self._end("resume" if is_backchannel(text) or is_own_echo(text, speaking) else "confirm")
 
+    def withdraw(self) -> Verdict | None:
+        """The sound that paused the output was not speech after all: resume."""
+        return self._end("resume") if self.onset is not None else None
+
     def _end(self, verdict: Verdict) -> Verdict:
         self.onset, self.voiced = None, 0
         return verdict

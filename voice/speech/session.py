@@ -122,7 +122,7 @@ class VoiceSession:
             if self.recorder is not None:  # before echo cancellation: the sound as it reached the mic
                 self.recorder.add(block, reference)
             if self.echo is not None:
-                block = self.echo.process(block, reference)
+                block = self.echo.process(block, reference, busy=self.assistant_busy())
                 if not block:
                     return
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
@@ -196,6 +196,9 @@ class VoiceSession:
 
     def user_started(self, onset: int) -> bool:
         return self.parts.barge_in.onset(onset)
+
+    def speech_onset(self, onset: int) -> bool:
+        return self.parts.barge_in.first_frames(onset)
 
     def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool:
         return self.parts.barge_in.block(samples, voiced, position, self.parts.listen.speaking)
