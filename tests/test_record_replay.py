@@ -46,6 +46,9 @@ def test_a_recorded_session_replays_to_the_same_outcome(tmp_path):
     rec = tmp_path / "rec"
     daemon = Daemon(tmp_path / "d", DEMO, extra_args=("--record", str(rec)))
     converse(daemon)
+    refused = voice(tmp_path / "d", "ctl", "save", str(tmp_path / "also"))
+    assert refused.returncode == 1 and f"records everything to {rec}" in refused.stderr, refused.stderr
+    assert not (tmp_path / "also").exists()
     assert daemon.stop() < 20 and daemon.proc.returncode == 0, daemon.err_text()
     assert any(line.startswith(f"recorded ") and "voice replay" in line for line in daemon.err), daemon.err_text()
     assert private(rec) == {"dir": 0o700, **dict.fromkeys(

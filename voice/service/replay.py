@@ -128,7 +128,7 @@ def _scenario_tool(specs):
         spec = specs[min(len(calls), len(specs) - 1)]
         calls.append(args)
         await anyio.sleep(spec.wait_s)
-        if spec.effect != "write":
+        if spec.effect != "write" or spec.receipt is None:
             return spec.result
         return ToolOutcome(spec.result, Receipt(spec.receipt, {"stand_in": "scenario"}), spec.phrase)
 

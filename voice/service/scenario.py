@@ -15,8 +15,9 @@ A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
 waits `wait_s` seconds and returns `result`: a stand-in for a slow external
 tool, so a scenario can talk over the assistant while it waits. It replaces
 a real tool of that name, so a replay never acts on the world. A write
-stand-in returns `receipt` (confirmed, failed or unknown; default
-confirmed) and may carry the tool's own `phrase`. Several [[tool]] tables
+stand-in with `receipt` (confirmed, failed or unknown) returns that receipt
+and may carry the tool's own `phrase`; without one it returns only its
+result, so what it did is unknown. Several [[tool]] tables
 with one name answer its calls in order (the last one repeats): a recorded
 session's calls.
 
@@ -66,7 +67,7 @@ class ScenarioTool:
     wait_s: float
     result: str
     effect: str = "read"
-    receipt: str = "confirmed"  # what a write stand-in's receipt says
+    receipt: str | None = None  # what a write stand-in's receipt says (None: it gives none: unknown)
     phrase: str | None = None
 
 
@@ -152,12 +153,12 @@ def load_scenario(path: str | Path) -> Scenario:
         bad = set(t) - _TOOL
         if bad or "name" not in t:
             raise ValueError(f"scenario {path}: [[tool]] {n} needs a name and allows only {sorted(_TOOL)}")
-        if t.get("effect", "read") not in ("read", "write") or t.get("receipt", "confirmed") not in (
+        if t.get("effect", "read") not in ("read", "write") or t.get("receipt", "unknown") not in (
                 "confirmed", "failed", "unknown"):
             raise ValueError(f"scenario {path}: [[tool]] {n}: effect is read or write; receipt confirmed, failed "
                              "or unknown")
         tools.append(ScenarioTool(str(t["name"]), float(t.get("wait_s", 0)), str(t.get("result", "")),
-                                  str(t.get("effect", "read")), str(t.get("receipt", "confirmed")),
+                                  str(t.get("effect", "read")), t.get("receipt"),
                                   str(t["phrase"]) if "phrase" in t else None))
     echo = None
     if "echo" in data:
