@@ -64,7 +64,7 @@ async def test_the_voice_surface_holds_the_newest_units_and_their_chunks_only():
         spoken.append(sentence)
 
     surface = VoiceSurface(buf, speak=speak, keep=8)
-    words = (SimpleNamespace(end=10, char_end=5),)
+    words = (SimpleNamespace(start=0, end=10, char_start=0, char_end=5),)
     for turn in range(1, 200):
         ref = UnitRef(C, turn, 0, 0)
         surface.open(ref)
@@ -83,7 +83,7 @@ async def test_the_voice_surface_holds_the_newest_units_and_their_chunks_only():
 def test_replay_tick_lateness_is_bounded_unless_the_device_records():
     clip = UserClip(np.zeros(1600, np.int16), "silence.wav", "at", 0.0, 0)
     scenario = SimpleNamespace(path=Path("x.toml"), users=(clip,), echo=None, tail=(KEEP_TICKS + 500) / 50,
-                               max_duration=(KEEP_TICKS + 600) / 50)
+                               max_duration=(KEEP_TICKS + 600) / 50, blocks=())
 
     async def on_mic(block: bytes, reference: bytes) -> None:
         return None

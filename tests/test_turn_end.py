@@ -159,9 +159,13 @@ def test_stop_then_a_request_is_one_turn_even_with_early_ends(tmp_path):
 
 @pytest.fixture(scope="module")
 def turn_end_bench():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import turn_end
-
+    # benchmarks/ on the path only for this import: its llm_server.py would shadow the tests' own
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        import turn_end
+    finally:
+        sys.path.remove(bench)
     return turn_end
 
 
