@@ -186,9 +186,10 @@ async def test_a_tool_call_streamed_in_the_servers_format_is_dispatched_with_its
 
 async def test_a_request_over_the_context_length_ends_the_turn_with_the_servers_refusal(server, store):
     """The server refuses a prompt longer than its context (n_ctx 1024 here).
-    Today the turn ends in `error` with the refusal recorded; with the
-    context budget of issue #14 the loop will shrink the request and retry
-    (this test then changes to expect a completed turn)."""
+    The loop answers a refusal with one shorter request (issue #14); the
+    request here is one user message that no window makes fit, so that
+    second request is refused too and the turn ends in `error`, with both
+    refusals recorded and nothing tried a third time."""
     provider = provider_for(server, max_tokens=20)
     agent, out = agent_for(store, provider)
     long_text = "Please remember this. " + " ".join(f"item {i} is a blue pebble;" for i in range(400))
@@ -201,7 +202,7 @@ async def test_a_request_over_the_context_length_ends_the_turn_with_the_servers_
     assert errors, "the refusal was not recorded"
     assert all(e["status"] == 400 and not e["retryable"] for e in errors), errors
     assert "maximum context length is 1024 tokens" in errors[0]["message"]
-    assert len(errors) == 1, "a refusal that cannot pass was retried"
+    assert len(errors) == 2, "a refusal was not answered with exactly one shorter request"
     assert "maximum context length" in out.getvalue()
 
 
