@@ -62,7 +62,7 @@ def write_scenario(cut: Cut, directory: Path) -> Path:
     return path
 
 
-def _events(db: Path) -> list[dict[str, Any]]:
+def read_events(db: Path) -> list[dict[str, Any]]:
     con = sqlite3.connect(db)
     try:
         rows = con.execute("SELECT turn, type, payload, at_mono FROM events ORDER BY seq").fetchall()
@@ -75,7 +75,8 @@ def _clip_ends(summary: dict[str, Any]) -> list[float]:
     """Mic-clock time of each placed clip's last loud sample."""
     ends = []
     for c in summary["device"]["clips"]:
-        audio = read_wav(AUDIO / Path(c["audio"]).name)
+        given = Path(c["audio"])  # as the scenario names it: generated ones give absolute paths
+        audio = read_wav(given if given.is_absolute() else AUDIO / given.name)
         ends.append(c["start_s"] + last_loud(audio) / RATE)
     return ends
 
@@ -139,7 +140,7 @@ def run_cuts(cuts: list[Cut], workdir: Path, *, score: bool = True, log=print, c
         path = write_scenario(cut, scen_dir)
         out = workdir / "out" / cut.name
         summary = run_replay(path, out, stt_model=cut.stt_model, config=config)
-        events = _events(out / "events.db")
+        events = read_events(out / "events.db")
         turn = summary["turns"][0]
         r: dict[str, Any] = {"cut": cut.__dict__, "ack_ms": turn["ack_ms"], "interrupted": turn["interrupted"],
                              "delivered": turn["delivered_text"], "generated": turn["generated_text"],
