@@ -64,7 +64,7 @@ def write_scenario(cut: Cut, directory: Path) -> Path:
     return path
 
 
-def _events(db: Path) -> list[dict[str, Any]]:
+def read_events(db: Path) -> list[dict[str, Any]]:
     con = sqlite3.connect(db)
     try:
         rows = con.execute("SELECT turn, type, payload, at_mono FROM events ORDER BY seq").fetchall()
@@ -77,8 +77,11 @@ def _clip_ends(summary: dict[str, Any]) -> list[tuple[float, float]]:
     """Mic-clock (start, time of the last loud sample) of each placed clip."""
     ends = []
     for c in summary["device"]["clips"]:
-        name = Path(c["audio"]).name
-        audio = read_wav(AUDIO / name if (AUDIO / name).exists() else AUDIO / "human" / name)
+        given = Path(c["audio"])  # as the scenario names it: generated ones give absolute paths
+        if given.is_absolute():
+            audio = read_wav(given)
+        else:
+            audio = read_wav(AUDIO / given.name if (AUDIO / given.name).exists() else AUDIO / "human" / given.name)
         ends.append((c["start_s"], c["start_s"] + last_loud(audio) / RATE))
     return ends
 
@@ -143,7 +146,7 @@ def run_cuts(cuts: list[Cut], workdir: Path, *, score: bool = True, log=print, c
         path = write_scenario(cut, scen_dir)
         out = workdir / "out" / cut.name
         summary = run_replay(path, out, stt_model=cut.stt_model, config=config)
-        events = _events(out / "events.db")
+        events = read_events(out / "events.db")
         turn = summary["turns"][0]
         r: dict[str, Any] = {"cut": cut.__dict__, "ack_ms": turn["ack_ms"], "interrupted": turn["interrupted"],
                              "delivered": turn["delivered_text"], "generated": turn["generated_text"],

