@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,7 +35,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
-from voice.speech.stt import SttEngine, Transcript
+from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
 from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
 from voice.speech.voice_surface import Sentence, VoiceSurface
@@ -212,9 +213,10 @@ class ListenProcessor(FrameProcessor):
 
 
 class TranscribeProcessor(FrameProcessor):
-    def __init__(self, stt: SttEngine):
+    def __init__(self, stt: SttEngine, on_error: Callable[[str], None] = lambda why: None):
         super().__init__(name="transcribe")
         self._stt = stt
+        self._on_error = on_error  # the person is told when words could not be recognised
         self.busy = False
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -223,6 +225,9 @@ class TranscribeProcessor(FrameProcessor):
             self.busy = True
             try:
                 result, after_end = await self._recognise(frame)
+            except SttUnavailable as exc:
+                self._on_error(f"not heard: {exc}")
+                return
             finally:
                 self.busy = False
             # Even no words are news: a sound that paused the reply is then
