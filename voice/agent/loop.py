@@ -27,6 +27,7 @@ from pathlib import Path
 import anyio
 
 from voice.agent.effects import effects, reconcile_one
+from voice.agent.preempt import EarlyStart
 from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
 from voice.agent.providers.base import (
     ModelRequest,
@@ -86,6 +87,7 @@ class _TurnState:
     playing: list[UnitRef] = field(default_factory=list)
     pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
     held_text: str = ""  # streamed after a write call; waits for its receipt
+    early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class AgentLoop:
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
+        self._early_count = 0
 
     # -- public ------------------------------------------------------------
 
@@ -172,13 +175,35 @@ class AgentLoop:
         while self._turn_over is not None:
             await self._turn_over.wait()
 
-    async def run_turn(self, user_text: str, *, source: str = "text") -> TurnResult:
+    def start_early(self, user_text: str) -> EarlyStart:
+        """The request a turn for `user_text` would send now, to be run (its
+        `run()`) before the turn is committed; it only buffers."""
+        self._early_count += 1
+        history = derive_history(self.store, self.conversation)
+        messages = [*history.messages, {"role": "user", "content": user_text}]
+        request = ModelRequest(messages=provider_messages(messages, self.settings.system_prompt),
+                               tools=self.tools.schemas(), tool_results=history.tool_results)
+        return EarlyStart(user_text, request, self.provider, self._early_count)
+
+    def drop_early(self, early: EarlyStart) -> None:
+        """Cancel an early start that no turn will read, and keep what it
+        streamed for the record: an attempt in no turn, never history."""
+        early.cancel()
+        assembler = BlockAssembler()
+        for delta in early.deltas:
+            assembler.feed(delta)
+        assembler.close()
+        self.store.record(self.conversation, ev.AssistantAttempt(
+            message_id=early.message_id, content=assembler.content_blocks(), route=self._route(),
+            finish_reason=assembler.finish_reason, reason="superseded"))
+
+    async def run_turn(self, user_text: str, *, source: str = "text", early: EarlyStart | None = None) -> TurnResult:
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
         user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         turn = self.store.start_turn(self.conversation, ev.TurnStart(source=source))
         self.store.record(self.conversation, ev.UserMessage(content=user_text, source=source), turn=turn)
-        state = _TurnState(turn)
+        state = _TurnState(turn, early=early)
         self._state = state
         self._cancel_outcome = ev.ABORTED
         self.current_turn = turn
@@ -250,7 +275,13 @@ class AgentLoop:
         history = derive_history(self.store, self.conversation)
         request = ModelRequest(messages=provider_messages(history.messages, self.settings.system_prompt),
                                tools=self.tools.schemas(), tool_results=history.tool_results)
-        stream = self.provider.stream(request)
+        early, state.early = state.early, None
+        if early is not None and early.request == request:  # started before the commit: read from its start
+            stream = early.stream()
+        else:
+            if early is not None:
+                self.drop_early(early)
+            stream = self.provider.stream(request)
         gate: int | None = None  # blocks from here on follow a write call: held back
         try:
             async for delta in stream:

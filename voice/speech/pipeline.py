@@ -78,6 +78,7 @@ class ListenEvents(Protocol):
     def user_started(self, onset: int) -> bool: ...
     def assistant_busy(self) -> bool: ...
     def woke(self) -> None: ...
+    def speculated(self, text: str | None) -> None: ...
     def ignored(self, why: str) -> None: ...
     def utterance_ended(self, onset: int) -> None: ...
     def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
@@ -119,6 +120,7 @@ class ListenProcessor(FrameProcessor):
         self.muted = False
         self._onset = 0
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
+        self._speculated: str | None = None  # the words an early model start answers
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -178,14 +180,30 @@ class ListenProcessor(FrameProcessor):
             if audio_bytes is not None:
                 self._events.utterance_ended(self._onset)  # its words are on their way
                 await self.push_frame(self._utterance_frame(audio_bytes, end))
-            self.turn_end.abandon()
+            self._end_speculation(dropped=audio_bytes is None)
         self.position += n
 
     def _complete_turn(self, samples: int, voiced: bool) -> bool:
         """The end-of-turn hook: speculation at short pauses (only while the
         assistant is silent: the cores are its while it speaks), and an
         early end when the utterance so far is a complete request."""
-        return self.turn_end.block(self._utterance, samples, voiced, may_speculate=not self._events.assistant_busy())
+        idle = not self._events.assistant_busy()
+        end = self.turn_end.block(self._utterance, samples, voiced, may_speculate=idle)
+        # Words not (yet) addressed to the assistant never reach the model early (wake mode).
+        addressed = self.gate is None or self.gate.accepts_utterance(self._onset / MIC_RATE)
+        text = self.turn_end.complete_request() if idle and addressed else None
+        if text != self._speculated:  # the model may start on these words (voice.agent.preempt), or stop
+            self._speculated = text or None
+            self._events.speculated(self._speculated)
+        return end
+
+    def _end_speculation(self, dropped: bool) -> None:
+        """The utterance is over: its early model start, if any, is now the
+        turn's to take (its words are on their way) or, dropped, is let go."""
+        if dropped and self._speculated is not None:
+            self._events.speculated(None)
+        self._speculated = None
+        self.turn_end.abandon()
 
     def _utterance_frame(self, audio: bytes, end: int) -> UtteranceFrame:
         frame = UtteranceFrame(audio=audio, start=self._onset, end=end)
