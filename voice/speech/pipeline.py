@@ -255,7 +255,6 @@ class TranscribeProcessor(FrameProcessor):
         else:
             await self.push_frame(frame, direction)
 
-
     async def _recognise(self, frame: UtteranceFrame) -> tuple[Transcript, float]:
         """The utterance's transcript and the recognition time it cost after
         the end of turn: none when the speculation already has it, the rest
@@ -266,7 +265,7 @@ class TranscribeProcessor(FrameProcessor):
             waited = time.monotonic()
             try:
                 return await asyncio.shield(frame.pending), time.monotonic() - waited
-            except Exception:  # the speculation failed: recognise afresh (its error is the engine's to repeat)
+            except Exception:  # noqa: BLE001 - the speculation failed: recognise afresh, which raises it again
                 pass
         audio = np.frombuffer(frame.audio, np.int16).astype(np.float32) / 32768.0
         result = await run_blocking(self._stt.transcribe, audio)
