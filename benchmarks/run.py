@@ -239,7 +239,8 @@ def render(r: dict, vad_table: str) -> str:
         sp = v["speculations"]
         lines.append(row(f"v2v_ms ({v['stt']}, TTFT {v['ttft_ms']} ms, {'early end' if v['early'] else 'VAD end'})",
                          v["v2v_ms"], "", "p50 parts: " + " + ".join(f"{k[:-3]} {_f(x)}" for k, x in v["parts_p50"].items())
-                         + f"; false splits {v['false_splits']}; speculations {sp.get('speculations')}, used {sp.get('used')}"))
+                         + f"; false splits {v['false_splits']}; speculations {sp.get('speculations')}, used {sp.get('used')}"
+                         + f"; early model starts {sp.get('early_starts')}, used {sp.get('early_used')}"))
     if r.get("v2v"):
         lines.append(row("PEER v2v_ms (stock pipecat, smart-turn v3, base)", r["v2v"]["peer_v2v_ms"], "",
                          "three_points.wav; ours on the same clip and reply: "

@@ -11,8 +11,9 @@ before issue #16). Each replay asks every clip in turn, 1 s after the
 previous reply finished: espeak fixtures and real human read speech
 (tests/fixtures/audio/human). Per run: v2v p50/p95 with its parts (end of
 turn, recognition after it, first piece streamed, synthesis + first
-block), false splits (more turns than clips), and speculative
-recognitions started and used (the rest were wasted: the person went on).
+block), false splits (more turns than clips), speculative recognitions
+started and used, and model requests started before their turn and used
+(the rest were wasted: the person went on, or the words changed).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=p
     sp = row["speculations"]
     log(f"  {tag:26s} v2v p50 {v2v['p50']:.0f} p95 {v2v['p95']:.0f} (n {v2v['n']}) parts "
         + " + ".join(f"{k[:-3]} {v:.0f}" for k, v in row["parts_p50"].items() if v is not None)
-        + f"; splits {row['false_splits']}; speculations {sp.get('speculations')} used {sp.get('used')}")
+        + f"; splits {row['false_splits']}; speculations {sp.get('speculations')} used {sp.get('used')}"
+        + f"; early model starts {sp.get('early_starts')} used {sp.get('early_used')}")
     return row
 
 

@@ -56,19 +56,24 @@ class ScriptedStt:
     def transcribe(self, audio: np.ndarray) -> Transcript:
         # The pipeline hands float32 = int16 / 32768: exact, so back to int16 exactly.
         samples = np.round(audio * 32768).astype(np.int16)
-        name, share = self._clip_in(samples)
-        self.transcribed.append(name if share == 1 else f"{name}:start")
-        said = self.said[name]
-        if said.compute_s:
-            time.sleep(said.compute_s)
-        text = said.text
-        if share < 1:
-            heard = text.split()[: int(len(text.split()) * share)]
-            text = " ".join(heard).rstrip(".?!,;:")
-        return Transcript(text, said.compute_s, said.doubtful)
+        found = self._clips_in(samples)
+        texts = []
+        for name, share in found:
+            said = self.said[name]
+            self.transcribed.append(name if share == 1 else f"{name}:start")
+            if said.compute_s:
+                time.sleep(said.compute_s)
+            text = said.text
+            if share < 1:
+                heard = text.split()[: int(len(text.split()) * share)]
+                text = " ".join(heard).rstrip(".?!,;:")
+            texts.append(text)
+        said = self.said[found[0][0]]
+        return Transcript(" ".join(t for t in texts if t), said.compute_s, said.doubtful)
 
-    def _clip_in(self, samples: np.ndarray) -> tuple[str, float]:
-        """The clip this audio holds, and the share of its loud span it holds."""
+    def _clips_in(self, samples: np.ndarray) -> list[tuple[str, float]]:
+        """The clips this audio holds, in order (one person may say two in one
+        breath), each with the share of its loud span it holds."""
         haystack = samples.tobytes()
         found = []
         for name, clip in self.clips.items():
@@ -81,11 +86,11 @@ class ScriptedStt:
                 at = haystack.find(probe, at + 1)
             if at >= 0:
                 span = int(loud[-1] - loud[0]) + 1
-                found.append((name, min(1.0, (len(samples) - at // 2) / span)))
-        if len(found) != 1:
+                found.append((at, name, min(1.0, (len(samples) - at // 2) / span)))
+        if not found:
             raise AssertionError(f"the fake recogniser cannot tell which clip this utterance is "
-                                 f"({len(samples) / 16000:.2f} s; matches {[n for n, _ in found]})")
-        return found[0]
+                                 f"({len(samples) / 16000:.2f} s)")
+        return [(name, share) for _, name, share in sorted(found)]
 
 
 @dataclass(frozen=True)

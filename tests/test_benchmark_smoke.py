@@ -43,3 +43,16 @@ def test_log_append_benchmark_runs(tmp_path):
     assert r["journal_mode"] == "wal" and r["synchronous"] == "NORMAL" and r["append_us_p50"] > 0
     assert r["durable"]["synchronous"] == "FULL" and r["durable"]["append_us_p50"] > 0
     assert r["turn_with_a_write"]["durable_events"] >= 3 and r["open"]["open_checked_ms_p50"] > 0
+
+
+def test_v2v_benchmark_runs(tmp_path):
+    """benchmarks/v2v.py's code path (run.py runs it outside --smoke): one
+    replay of two clips, one human, with the early end of turn; each turn
+    has its v2v parts, none was split, and the speculations are counted."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import v2v
+
+    row = v2v.run(tmp_path, "tiny.en", 0, True, ["what_time.wav", "cmu_go_forward.wav"], log=lambda *a: None)
+    assert row["turns"] == 2 and row["false_splits"] == 0 and row["v2v_ms"]["n"] == 2
+    assert all(isinstance(v, float) and v >= 0 for k, v in row["parts_p50"].items() if k != "first_token_ms")
+    assert row["speculations"]["speculations"] >= row["speculations"]["used"] >= 1

@@ -69,3 +69,26 @@ def test_a_replay_is_answered_through_the_server(server, tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [t["user_text"] for t in summary["turns"]] == ["What time is it?"]
     assert len(server.requests) > before
+
+
+@pytest.mark.slow
+def test_a_server_that_is_down_is_said_and_nothing_is_answered(tmp_path):
+    """The recognition server does not answer: the person is told, in the
+    transcript, that they were not heard; no turn starts; no traceback."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scenario = tmp_path / "ask.toml"
+    scenario.write_text(f'[[user]]\naudio = "{AUDIO / "what_time.wav"}"\nat = 0.5\n\n[[reply]]\ntext = "It is noon."\n')
+    config = tmp_path / "voice.toml"
+    config.write_text(f'[stt]\nbase_url = "http://127.0.0.1:{port}/v1"\ntimeout_s = 2.0\n')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_PROXY": "*"}
+    r = subprocess.run([sys.executable, "-m", "voice", "replay", str(scenario), "--out", str(tmp_path / "out"),
+                        "--config", str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("notice: not heard:")]
+    assert f"127.0.0.1:{port}" in line
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["turns"] == []

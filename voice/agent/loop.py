@@ -27,6 +27,7 @@ from pathlib import Path
 import anyio
 
 from voice.agent.effects import effects, reconcile_one
+from voice.agent.preempt import EarlyStart
 from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
 from voice.agent.providers.base import (
     ModelRequest,
@@ -95,6 +96,7 @@ class _TurnState:
     pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
     held_text: str = ""  # streamed after a write call; waits for its receipt
     shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
+    early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class AgentLoop:
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
         self._summary_scope: anyio.CancelScope | None = None
+        self._early_count = 0
 
     # -- public ------------------------------------------------------------
 
@@ -189,9 +192,37 @@ class AgentLoop:
         while self._turn_over is not None:
             await self._turn_over.wait()
 
-    async def run_turn(self, user_text: str, *, source: str = "text", audio: dict[str, Any] | None = None) -> TurnResult:
+    def start_early(self, user_text: str) -> EarlyStart:
+        """The request a turn for `user_text` would send now, to be run (its
+        `run()`) before the turn is committed; it only buffers. Built as
+        `_stream` builds it (the same window); a request that differs is
+        dropped at the commit, never used."""
+        self._early_count += 1
+        schemas = self.tools.schemas()
+        history = derive_history(self.store, self.conversation, budget=self._history_budget(schemas),
+                                 count=self.settings.count_tokens)
+        messages = [*history.messages, {"role": "user", "content": user_text}]
+        request = ModelRequest(messages=provider_messages(messages, self.settings.system_prompt),
+                               tools=schemas, tool_results=history.tool_results)
+        return EarlyStart(user_text, request, self.provider, self._early_count)
+
+    def drop_early(self, early: EarlyStart) -> None:
+        """Cancel an early start that no turn will read, and keep what it
+        streamed for the record: an attempt in no turn, never history."""
+        early.cancel()
+        assembler = BlockAssembler()
+        for delta in early.deltas:
+            assembler.feed(delta)
+        assembler.close()
+        self.store.record(self.conversation, ev.AssistantAttempt(
+            message_id=early.message_id, content=assembler.content_blocks(), route=self._route(),
+            finish_reason=assembler.finish_reason, reason="superseded"))
+
+    async def run_turn(self, user_text: str, *, source: str = "text", audio: dict[str, Any] | None = None,
+                       early: EarlyStart | None = None) -> TurnResult:
         """`audio`: a spoken request's utterance ({start, end: mic positions,
-        stt_ms}), kept on its `user/message`."""
+        stt_ms}), kept on its `user/message`; `early`: its request started
+        before the turn was committed (voice.agent.preempt)."""
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
         user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
@@ -199,7 +230,7 @@ class AgentLoop:
         message = (ev.UserMessage(content=user_text, source=source) if audio is None
                    else ev.UserMessage(content=user_text, source=source, audio=audio))
         self.store.record(self.conversation, message, turn=turn)
-        state = _TurnState(turn)
+        state = _TurnState(turn, early=early)
         self._state = state
         self._cancel_outcome = ev.ABORTED
         self.current_turn = turn
@@ -229,7 +260,7 @@ class AgentLoop:
         after the next turn."""
         if not summarizes(self.provider):
             return
-        budget = self._history_budget(_TurnState(turn), self.tools.schemas())
+        budget = self._history_budget(self.tools.schemas())
         turns = summary_due(self.store, self.conversation, budget, self.settings.count_tokens)
         if turns is None:
             return
@@ -287,12 +318,12 @@ class AgentLoop:
             await anyio.sleep(self.settings.retry_backoff_s * (2**retries))
             retries += 1
 
-    def _history_budget(self, state: _TurnState, schemas: list[dict[str, Any]]) -> int:
+    def _history_budget(self, schemas: list[dict[str, Any]], shrink: int = 1) -> int:
         """Tokens left for the conversation once the system prompt, the tool
         schemas and the reply's reserve are counted."""
         s = self.settings
         fixed = message_tokens({"content": s.system_prompt}, s.count_tokens) + tools_tokens(schemas, s.count_tokens)
-        return max(0, s.context_tokens - s.reply_tokens - fixed) // state.shrink
+        return max(0, s.context_tokens - s.reply_tokens - fixed) // shrink
 
     async def _stream(self, state: _TurnState) -> BlockAssembler:
         """One provider request. Commits the message on a normal finish;
@@ -303,11 +334,17 @@ class AgentLoop:
         self._record(state, ev.AssistantStream.start(self._route()))
         self.surface.open(ref)
         schemas = self.tools.schemas()
-        history = derive_history(self.store, self.conversation, budget=self._history_budget(state, schemas),
+        history = derive_history(self.store, self.conversation, budget=self._history_budget(schemas, state.shrink),
                                  count=self.settings.count_tokens)
         request = ModelRequest(messages=provider_messages(history.messages, self.settings.system_prompt),
                                tools=schemas, tool_results=history.tool_results)
-        stream = self.provider.stream(request)
+        early, state.early = state.early, None
+        if early is not None and early.request == request:  # started before the commit: read from its start
+            stream = early.stream()
+        else:
+            if early is not None:
+                self.drop_early(early)
+            stream = self.provider.stream(request)
         gate: int | None = None  # blocks from here on follow a write call: held back
         try:
             async for delta in stream:

@@ -177,7 +177,9 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
     tracker = session.parts.listen.turn_end
     return {
         "turns": turns,
-        "turn_end": {"speculations": tracker.speculations, "used": tracker.used},  # speculative recognitions
+        # speculative recognitions, and model requests started before their turn (voice.agent.preempt)
+        "turn_end": {"speculations": tracker.speculations, "used": tracker.used,
+                     "early_starts": session.parts.turns.early_starts, "early_used": session.parts.turns.early_used},
         "device": {
             "echo_cancellation": session.echo is not None,
             "duration_s": duration,

@@ -95,7 +95,8 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
         log=session.log_speech, stop_phrases=settings.barge_in.stop_phrases,
         interrupt_pipeline=interruption(listen), on_cut=turns.mark_cut, ignored=session.ignored)
     session.wire(SessionParts(
-        listen=listen, transcribe=TranscribeProcessor(models.stt), converse=converse,
+        listen=listen, transcribe=TranscribeProcessor(models.stt, on_error=lambda why: transcript(f"notice: {why}")),
+        converse=converse,
         speak=SpeakProcessor(models.tts, surface, session), play=PlayProcessor(surface),
         surface=surface, agent=agent, barge_in=barge_in, turns=turns))
     return session

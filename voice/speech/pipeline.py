@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +37,7 @@ from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
 from voice.log.events import Body, ListenSpeech, ListenWake
 from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
-from voice.speech.stt import SttEngine, Transcript
+from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
 from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
 from voice.speech.vad_gate import VadGate
@@ -81,6 +82,7 @@ class ListenEvents(Protocol):
     def speech_onset(self, onset: int) -> bool: ...
     def assistant_busy(self) -> bool: ...
     def woke(self) -> None: ...
+    def speculated(self, text: str | None) -> None: ...
     def ignored(self, why: str) -> None: ...
     def utterance_ended(self, onset: int) -> None: ...
     def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
@@ -136,6 +138,7 @@ class ListenProcessor(FrameProcessor):
         self._vad_fed = 0  # the stream position up to which the VAD has been fed
         self._early_onset: int | None = None  # where the first frames of speech paused the reply
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
+        self._speculated: str | None = None  # the words an early model start answers
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -201,14 +204,30 @@ class ListenProcessor(FrameProcessor):
             if audio_bytes is not None:
                 self._events.utterance_ended(self._onset)  # its words are on their way
                 await self.push_frame(self._utterance_frame(audio_bytes, end))
-            self.turn_end.abandon()
+            self._end_speculation(dropped=audio_bytes is None)
         self.position += n
 
     def _complete_turn(self, samples: int, voiced: bool) -> bool:
         """The end-of-turn hook: speculation at short pauses (only while the
         assistant is silent: the cores are its while it speaks), and an
         early end when the utterance so far is a complete request."""
-        return self.turn_end.block(self._utterance, samples, voiced, may_speculate=not self._events.assistant_busy())
+        idle = not self._events.assistant_busy()
+        end = self.turn_end.block(self._utterance, samples, voiced, may_speculate=idle)
+        # Words not (yet) addressed to the assistant never reach the model early (wake mode).
+        addressed = self.gate is None or self.gate.accepts_utterance(self._onset / MIC_RATE)
+        text = self.turn_end.complete_request() if idle and addressed else None
+        if text != self._speculated:  # the model may start on these words (voice.agent.preempt), or stop
+            self._speculated = text or None
+            self._events.speculated(self._speculated)
+        return end
+
+    def _end_speculation(self, dropped: bool) -> None:
+        """The utterance is over: its early model start, if any, is now the
+        turn's to take (its words are on their way) or, dropped, is let go."""
+        if dropped and self._speculated is not None:
+            self._events.speculated(None)
+        self._speculated = None
+        self.turn_end.abandon()
 
     def _utterance_frame(self, audio: bytes, end: int) -> UtteranceFrame:
         frame = UtteranceFrame(audio=audio, start=self._onset, end=end)
@@ -274,9 +293,10 @@ class ListenProcessor(FrameProcessor):
 
 
 class TranscribeProcessor(FrameProcessor):
-    def __init__(self, stt: SttEngine):
+    def __init__(self, stt: SttEngine, on_error: Callable[[str], None] = lambda why: None):
         super().__init__(name="transcribe")
         self._stt = stt
+        self._on_error = on_error  # the person is told when words could not be recognised
         self.busy = False
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -285,6 +305,9 @@ class TranscribeProcessor(FrameProcessor):
             self.busy = True
             try:
                 result, after_end = await self._recognise(frame)
+            except SttUnavailable as exc:
+                self._on_error(f"not heard: {exc}")
+                return
             finally:
                 self.busy = False
             # Even no words are news: a sound that paused the reply is then
@@ -293,7 +316,6 @@ class TranscribeProcessor(FrameProcessor):
                                                 stt_s=after_end, doubtful=result.doubtful))
         else:
             await self.push_frame(frame, direction)
-
 
     async def _recognise(self, frame: UtteranceFrame) -> tuple[Transcript, float]:
         """The utterance's transcript and the recognition time it cost after
@@ -305,7 +327,7 @@ class TranscribeProcessor(FrameProcessor):
             waited = time.monotonic()
             try:
                 return await asyncio.shield(frame.pending), time.monotonic() - waited
-            except Exception:  # the speculation failed: recognise afresh (its error is the engine's to repeat)
+            except Exception:  # noqa: BLE001 - the speculation failed: recognise afresh, which raises it again
                 pass
         audio = np.frombuffer(frame.audio, np.int16).astype(np.float32) / 32768.0
         result = await run_blocking(self._stt.transcribe, audio)

@@ -185,6 +185,14 @@ class VoiceSession:
     def assistant_busy(self) -> bool:
         return self.parts.barge_in.assistant_busy()
 
+    def speculated(self, text: str | None) -> None:
+        """Words the person may still add to (None: they went on): the model
+        may start on them before the turn is committed."""
+        if text is None:
+            self.parts.turns.drop_early()
+        else:
+            self.parts.turns.start_early(text)
+
     def woke(self) -> None:
         self.transcript("(okay: listening)")
 

@@ -38,6 +38,11 @@ class Transcript:
     doubtful: bool = False  # every segment looks like Whisper guessing at a sound
 
 
+class SttUnavailable(Exception):
+    """The recogniser could not be asked (a transcription server down or
+    failing): the words of that utterance are lost, and the person is told."""
+
+
 class SttEngine(Protocol):
     name: str
 
@@ -97,10 +102,15 @@ class RemoteSttEngine:
         self._client = OpenAI(base_url=base_url.rstrip("/"), api_key=api_key, timeout=timeout_s, max_retries=0)
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
+        import openai
+
         started = time.perf_counter()
-        reply = self._client.audio.transcriptions.create(
-            model=self._model, file=("utterance.wav", _wav(audio)), language="en", temperature=0.0,
-            response_format="verbose_json")
+        try:
+            reply = self._client.audio.transcriptions.create(
+                model=self._model, file=("utterance.wav", _wav(audio)), language="en", temperature=0.0,
+                response_format="verbose_json")
+        except openai.APIError as exc:
+            raise SttUnavailable(f"the transcription server {self._client.base_url} failed: {exc}") from None
         segments = getattr(reply, "segments", None) or []
         doubtful = bool(segments) and all(
             s.avg_logprob < DOUBTFUL_LOGPROB or (s.avg_logprob < UNSURE_LOGPROB and s.no_speech_prob > DOUBTFUL_NO_SPEECH)

@@ -138,6 +138,16 @@ class TurnEndTracker:
             return self._result[1]
         return None
 
+    def complete_request(self) -> str | None:
+        """The speculative words, when they are a complete request: what the
+        model may start on before the turn ends (voice.agent.preempt). Not on
+        unfinished words: those would mostly be wasted calls."""
+        transcript = self.transcript()
+        if transcript is None or transcript.doubtful:
+            return None
+        text = transcript.text.strip()
+        return text if _complete(text, self._stop_phrases, self.settings.min_words) else None
+
     def pending(self) -> asyncio.Future | None:
         """A valid speculation still running (the final transcript may wait
         for it rather than start again)."""

@@ -7,6 +7,12 @@ the order things happened: `you: …` as a request's turn starts (after the
 turn ends however it ends. A stop is written down (`user/stop`) in its
 place in that order and opens no turn.
 
+While nothing runs, `start_early(words)` starts the model on words the
+person may still add to (voice.agent.preempt): the turn that is then
+committed with exactly those words reads that request; any other outcome
+drops it (`assistant/attempt`, reason superseded). Nothing of it leaves the
+process before the commit.
+
 `close()` ends the queue: nothing queued after it starts a turn, and a
 request submitted after it is refused (`anyio.ClosedResourceError`, or
 `anyio.BrokenResourceError` once the runner has returned). The
@@ -23,6 +29,7 @@ from typing import Any
 import anyio
 
 from voice.agent.loop import AgentLoop, TurnResult
+from voice.agent.preempt import EarlyStart
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev
 from voice.log.conversations import end_conversation, idle_for, last_activity
@@ -90,6 +97,9 @@ class TurnRunner:
         self._send, self._receive = anyio.create_memory_object_stream[Request](queue)
         self._running: TurnInfo | None = None
         self._closed = False
+        self._early: EarlyStart | None = None
+        self._early_tasks: anyio.abc.TaskGroup | None = None
+        self.early_starts = self.early_used = 0  # the benchmark counts them
 
     @property
     def conversation(self) -> str:
@@ -129,7 +139,8 @@ class TurnRunner:
         `interrupted`, with its heard prefix recorded, and is printed).
         However it ends, what is still queued never starts, and whoever
         waits on it is told so (`say` raises ClosedResourceError)."""
-        async with self._receive:
+        async with self._receive, anyio.create_task_group() as early_tasks:
+            self._early_tasks = early_tasks
             try:
                 async for request in self._receive:
                     try:
@@ -140,12 +151,41 @@ class TurnRunner:
                     if request.result is not None and not self.waiting and not self._closed:
                         await self.agent.summarize_after(request.result.turn)  # a request that comes cancels it
             finally:
+                self._early_tasks = None
+                self.drop_early()
                 self.close()
                 while True:
                     try:
                         self._done(self._receive.receive_nowait())
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
+
+    def start_early(self, text: str) -> None:
+        """Start the model on `text` if nothing runs or waits; an early start
+        on other words is dropped first."""
+        if self._early is not None and self._early.text == text:
+            return
+        self.drop_early()
+        if self._early_tasks is None or self._closed or self.waiting or self.agent.busy:
+            return
+        self._early = self.agent.start_early(text)
+        self.early_starts += 1
+        self._early_tasks.start_soon(self._early.run)
+
+    def drop_early(self) -> None:
+        """The words it answered are no longer the person's (they went on)."""
+        early, self._early = self._early, None
+        if early is not None and not early.taken:
+            self.agent.drop_early(early)
+
+    def _take_early(self, request: Request) -> EarlyStart | None:
+        early = self._early
+        if early is not None and request.stop is None and request.text == early.text:
+            self._early = None
+            self.early_used += 1
+            return early
+        self.drop_early()
+        return None
 
     def _done(self, request: Request) -> None:
         self.waiting -= 1
@@ -161,6 +201,7 @@ class TurnRunner:
         return self.conversation
 
     async def _handle(self, request: Request) -> None:
+        early = self._take_early(request)  # dropped unless this turn asks exactly what it answers
         if request.stop != "sound" and request.new != "new":
             self.transcript(f"you: {request.text}")
         if request.stop is not None:
@@ -173,6 +214,8 @@ class TurnRunner:
         if request.new is None and self.rules.new_phrases and stop_intent(request.text, self.rules.new_phrases):
             request.new = "asked"
         if request.new is not None:
+            if early is not None:  # "start over" asks for no answer
+                self.agent.drop_early(early)
             self._switch(request.new, words=request.text if request.new == "asked" else None)
             if self.rules.new_reply and self.notice is not None and request.new == "asked":
                 await self.notice(self.rules.new_reply)
@@ -186,7 +229,7 @@ class TurnRunner:
             audio = {"start": request.start, "end": request.end, "stt_ms": round(request.stt_s * 1000, 1)}
         self.before_turn()
         try:
-            request.result = await self.agent.run_turn(request.text, source=request.source, audio=audio)
+            request.result = await self.agent.run_turn(request.text, source=request.source, audio=audio, early=early)
         except anyio.get_cancelled_exc_class():  # shutdown: the turn closed `interrupted`
             started = self.store.events(self.conversation, types={ev.TURN_START}, after_seq=before)
             if started:
@@ -194,6 +237,8 @@ class TurnRunner:
             raise
         finally:
             self._running = None
+            if early is not None and not early.taken:  # the turn ended before its first request
+                self.agent.drop_early(early)
         info.turn = request.result.turn
         if info.barge_in_onset is not None:  # the acknowledgement: output paused (or cleared) after the onset
             marks = sorted(self.buffer.pauses + self.buffer.clears)

@@ -1,0 +1,79 @@
+"""Starting the model before the turn is committed (voice.agent.preempt):
+the committed turn reads the early request; an early start the person
+talks past is dropped, and nothing of it leaves the process: no tool
+dispatched, no sample played, nothing in history."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from timeline import AUDIO, Timeline, at, default_config, run_timeline
+from voice.audio.wav import read_mono16k, write_wav
+from voice.agent.tools import Tool
+from voice.agent.tools.base import Receipt, ToolOutcome
+from voice.log import events as ev
+
+ANSWER = "It is noon."
+
+
+def _first_text_ms(o, turn: int) -> float:
+    (message,) = o.of_type(ev.ASSISTANT_MESSAGE, turn=turn)
+    return next(t for t, kind, _ in message.payload["stream"] if kind == "text")
+
+
+def test_the_committed_turn_reads_the_request_started_at_the_pause(tmp_path):
+    """A model that takes 250 ms to its first token: started at the pause on
+    the complete words, its first token is there when the turn opens."""
+    def run(enabled: bool, sub: str):
+        config = default_config()
+        config["turn_end"]["enabled"] = enabled
+        return run_timeline(Timeline(clips=[at(0.5, "what_time.wav", "What time is it?")],
+                                     replies=[{"text": ANSWER, "first_delay_ms": 250}]), tmp_path / sub, config)
+
+    early, late = run(True, "early"), run(False, "late")
+    assert len(early.requests) == len(late.requests) == 1  # the same one request, sent earlier
+    assert early.requests[0] == late.requests[0]
+    assert _first_text_ms(early, 1) < 100 <= 250 <= _first_text_ms(late, 1)
+    assert not early.of_type(ev.ASSISTANT_ATTEMPT)
+    assert early.replies[1].delivered_text == ANSWER and early.history[-1]["content"] == ANSWER
+
+
+def test_an_early_start_the_person_talks_past_leaves_nothing_outside_the_process(tmp_path):
+    """"What time is it?" is complete, so the model starts on it at the
+    pause; the person goes on ("Set a timer for ten seconds.") before the
+    turn ends. That early request wanted a write tool and had words to say:
+    none of it is dispatched, synthesized or played, and none of it is
+    history; it is an `assistant/attempt` (superseded) in no turn."""
+    calls = []
+
+    async def set_timer(args, ctx):
+        calls.append(args)
+        return ToolOutcome("set", Receipt("confirmed", {"id": 1}))
+
+    timer = Tool("set_timer", "sets a timer", {"type": "object"}, "write", set_timer, timeout_s=30)
+    early_words = "A timer is set, the wrong one."
+    # The two clips 0.15 s apart: the first one's quiet tail made silent, so that the
+    # fake recogniser still finds each clip's samples exactly where they overlap.
+    first = read_mono16k(AUDIO / "what_time.wav")
+    end = int(np.flatnonzero(np.abs(first.astype(np.int32)) > 500)[-1])
+    first[end + 320:] = 0
+    write_wav(tmp_path / "what_time_then.wav", first, 16000)
+    second_onset = int(np.flatnonzero(np.abs(read_mono16k(AUDIO / "set_timer.wav").astype(np.int32)) > 500)[0])
+    o = run_timeline(Timeline(
+        clips=[at(0.5, str(tmp_path / "what_time_then.wav"), "What time is it?"),
+               at(0.5 + (end + 0.15 * 16000 - second_onset) / 16000, "set_timer.wav", "Set a timer for ten seconds.")],
+        replies=[{"text": early_words, "chunk_delay_ms": 10,
+                  "tool_calls": [{"name": "set_timer", "arguments": {"seconds": 99}}]},
+                 {"text": ANSWER}],
+        tools=[timer],
+    ), tmp_path)
+    (attempt,) = o.of_type(ev.ASSISTANT_ATTEMPT)
+    assert attempt.turn is None and attempt.payload["reason"] == "superseded"
+    assert attempt.payload["message_id"].startswith("early_")
+    assert not calls and not o.of_type(ev.TOOL_DISPATCH) and not o.of_type(ev.TOOL_CALL)
+    assert not o.spoken_by(early_words)  # never synthesized, so not one sample of it played
+    assert [e.body.content for e in o.of_type(ev.USER_MESSAGE)] == ["What time is it? Set a timer for ten seconds."]
+    assert o.replies[1].delivered_text == ANSWER
+    assert not any(early_words in str(m.get("content")) for m in o.history)
+    assert len(o.requests) == 2  # the dropped early request, then the turn's own
+    assert o.requests[0][-1] == {"role": "user", "content": "What time is it?"}  # sent at the pause
