@@ -227,6 +227,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
         seen: set[int] = set()
         progress = [0]  # device position at the latest answered turn
         scope: list[Any] = []
+        stalled: list[str] = []
 
         async def watch() -> None:
             """After each turn: its latency and the process's figures."""
@@ -239,8 +240,15 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                     scope[0].cancel()
                     return
                 if device.position - progress[0] > STALL_S * MIC_RATE:
-                    raise RuntimeError(f"soak stalled: no turn answered for {STALL_S:g} s of audio after "
-                                       f"{len(seen)} turns (the scenario waits for a reply that never came)")
+                    p = session.parts
+                    stalled.append(f"no turn answered for {STALL_S:g} s of audio after {len(seen)} turns; "
+                                   f"{len(device.placed)} of {len(scen.users)} clips placed; idle: {session.idle()} "
+                                   f"(speaking {p.listen.speaking}, transcribing {p.transcribe.busy}, waiting "
+                                   f"{p.turns.waiting}, agent {p.agent.busy}, playing {p.surface.playing()}, "
+                                   f"synthesizing {p.speak.busy})")
+                    print(f"soak: stalled: {stalled[0]}", file=sys.stderr, flush=True)
+                    scope[0].cancel()
+                    return
                 for info in list(session.turns):
                     if info.turn < 0 or info.turn in seen:
                         continue
@@ -261,7 +269,9 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
             tg.cancel_scope.cancel()
         budget = app.settings.context_tokens - app.settings.reply_tokens
     wall = time.perf_counter() - started
-    return report(samples, model, budget, wall, device.position / MIC_RATE, turns)
+    result = report(samples, model, budget, wall, device.position / MIC_RATE, turns)
+    result["stalled"] = stalled[0] if stalled else None
+    return result
 
 
 def _mean(values: list[float]) -> float | None:
