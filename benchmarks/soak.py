@@ -9,7 +9,9 @@ the service around the models, and tiny keeps 1,000 turns inside 15
 minutes on 2 cores), real synthesis (piper en_US-joe-medium), echo
 cancellation as configured, and a scripted model whose replies cycle. Every
 fifth request is a barge-in: a fragment spoken 1.0 s into the reply, which
-cuts it and is answered. The session is built as `voice run` builds it
+cuts it and is answered (always the same one, JFK's "Ask not": the rotation
+`n % len(barge)` at n % 5 == 4 lands on one clip; kept so that the figures
+in RESULTS.md stay reproducible). The session is built as `voice run` builds it
 (bounded per-turn bookkeeping, a device that keeps no recording).
 
 It reports, and checks against the issue's targets (exit 1 when one fails):
