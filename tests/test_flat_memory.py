@@ -136,12 +136,13 @@ def test_a_window_reads_the_window_not_the_conversation(store, monkeypatch):
     for n in range(50, 400):
         chat_turn(store, n)
     long = rows_read(store, monkeypatch, lambda: derive_window(store, C, 400))
-    assert long == short <= 2 * 16 * 2  # at most two batches of turns, two rows each
+    assert long == short <= 2 * 16 * 2  # at most two batches of turns, two rows each (the turns read, no more)
 
 
 def test_a_new_turn_id_comes_from_an_index(store):
-    plan = " ".join(str(r) for r in store._db.execute("EXPLAIN QUERY PLAN SELECT COALESCE(MAX(turn), 0) FROM events"))
-    assert "events_by_turn" in plan, plan
+    plan = " ".join(str(r) for r in store._db.execute(
+        "EXPLAIN QUERY PLAN SELECT COALESCE(MAX(turn), 0) FROM events"))
+    assert "turn_ids" in plan, plan
 
 
 @pytest.mark.anyio
