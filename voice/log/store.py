@@ -374,11 +374,15 @@ class EventStore:
         if not turns:
             return []
         low, high = min(turns), max(turns)
-        row = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ? AND turn = ?",
-                               (conversation, low)).fetchone()
-        start = (row[0] or 1) - 1
-        return [e for e in self.events(conversation, types=types, after_seq=start) if e.turn is not None
-                and low <= e.turn <= high]
+        (start,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                    " AND turn = ?", (conversation, low)).fetchone()
+        (after,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                    " AND turn > ?", (conversation, high)).fetchone()  # where the next turn begins
+        sql = ("SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events"
+               f" WHERE conversation = ? AND seq >= ? AND seq < ? AND type IN ({','.join('?' * len(types))})"
+               " ORDER BY seq")
+        rows = self._db.execute(sql, [conversation, start or 0, after or 2**62, *sorted(types)])
+        return [e for e in map(self._row, rows) if e.turn is not None and low <= e.turn <= high]
 
     def first_turn(self, conversation: str, *, after: int = 0) -> int | None:
         """The conversation's oldest turn id above `after` (by index)."""
