@@ -317,10 +317,8 @@ class EventStore:
         turn: int | None = None,
         types: set[str] | frozenset[str] | None = None,
         after_seq: int = 0,
-        turns: tuple[int, int] | None = None,
     ) -> list[Event]:
-        """Events in log order; `turns` = (first, last): only those of the
-        turns in that range (both included)."""
+        """Events in log order (of a conversation, a turn, some types, after a seq)."""
         sql = "SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events WHERE seq > ?"
         args: list[Any] = [after_seq]
         if conversation is not None:
@@ -334,9 +332,6 @@ class EventStore:
                     args[0] = max(after_seq, row[0] - 1)
             sql += " AND turn = ?"
             args.append(turn)
-        if turns is not None:
-            sql += " AND turn BETWEEN ? AND ?"
-            args.extend(turns)
         if types:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(sorted(types))
