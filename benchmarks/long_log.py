@@ -69,9 +69,12 @@ async def measure(db: Path, answers: int) -> dict:
     from voice.log.conversations import resume_or_new
     from voice.surfaces.text import TextSurface
 
+    from voice.agent.providers.skills import SkillsProvider
+
     config = load_config_with_sources(defaults_path(), env={})[0]
     began = time.perf_counter()
-    async with open_app(config, db=db, llm="auto", data_dir=db.parent / "data") as app:
+    # The built-in skills with no pacing: what is left of an answer is the work around the model.
+    async with open_app(config, db=db, llm=SkillsProvider(chunk_delay_s=0), data_dir=db.parent / "data") as app:
         conversation = resume_or_new(app.store, config["conversation"]["idle_gap_s"], now=time.time())
         app.timers.active()
         started = time.perf_counter() - began

@@ -9,7 +9,9 @@ the service around the models, and tiny keeps 1,000 turns inside 15
 minutes on 2 cores), real synthesis (piper en_US-joe-medium), echo
 cancellation as configured, and a scripted model whose replies cycle. Every
 fifth request is a barge-in: a fragment spoken 1.0 s into the reply, which
-cuts it and is answered. The session is built as `voice run` builds it
+cuts it and is answered (always the same one, JFK's "Ask not": the rotation
+`n % len(barge)` at n % 5 == 4 lands on one clip; kept so that the figures
+in RESULTS.md stay reproducible). The session is built as `voice run` builds it
 (bounded per-turn bookkeeping, a device that keeps no recording).
 
 It reports, and checks against the issue's targets (exit 1 when one fails):
@@ -227,6 +229,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
         seen: set[int] = set()
         progress = [0]  # device position at the latest answered turn
         scope: list[Any] = []
+        stalled: list[str] = []
 
         async def watch() -> None:
             """After each turn: its latency and the process's figures."""
@@ -239,8 +242,15 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                     scope[0].cancel()
                     return
                 if device.position - progress[0] > STALL_S * MIC_RATE:
-                    raise RuntimeError(f"soak stalled: no turn answered for {STALL_S:g} s of audio after "
-                                       f"{len(seen)} turns (the scenario waits for a reply that never came)")
+                    p = session.parts
+                    stalled.append(f"no turn answered for {STALL_S:g} s of audio after {len(seen)} turns; "
+                                   f"{len(device.placed)} of {len(scen.users)} clips placed; idle: {session.idle()} "
+                                   f"(speaking {p.listen.speaking}, transcribing {p.transcribe.busy}, waiting "
+                                   f"{p.turns.waiting}, agent {p.agent.busy}, playing {p.surface.playing()}, "
+                                   f"synthesizing {p.speak.busy})")
+                    print(f"soak: stalled: {stalled[0]}", file=sys.stderr, flush=True)
+                    scope[0].cancel()
+                    return
                 for info in list(session.turns):
                     if info.turn < 0 or info.turn in seen:
                         continue
@@ -261,7 +271,9 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
             tg.cancel_scope.cancel()
         budget = app.settings.context_tokens - app.settings.reply_tokens
     wall = time.perf_counter() - started
-    return report(samples, model, budget, wall, device.position / MIC_RATE, turns)
+    result = report(samples, model, budget, wall, device.position / MIC_RATE, turns)
+    result["stalled"] = stalled[0] if stalled else None
+    return result
 
 
 def _mean(values: list[float]) -> float | None:

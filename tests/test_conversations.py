@@ -197,3 +197,46 @@ def test_voice_history_lists_every_conversation_and_shows_an_ended_one(tmp_path)
 def test_list_is_only_for_history(tmp_path):
     out = voice("ctl", "status", "--list", tmp_path=tmp_path)
     assert out.returncode != 0 and out.stderr.strip() == "voice: error: --list is for voice ctl history"
+
+
+@pytest.mark.slow
+def test_the_daemon_resumes_the_open_conversation_and_ctl_new_ends_it(tmp_path):
+    """From the outside: `voice run` restarted continues the conversation it
+    was in; `voice ctl new` ends it; the next restart does not reopen it."""
+    from test_service import SCENARIOS, Daemon, ask
+    from test_service import voice as voice_in
+
+    scenario = tmp_path / "idle.toml"
+    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "what_time.wav"}"\nat = 0.3\n')
+
+    def start() -> Daemon:
+        (tmp_path / "notify.sock").unlink(missing_ok=True)  # the last one's
+        d = Daemon(tmp_path, scenario)
+        d.pump(lambda: "READY=1" in d.messages and d.socket.exists())
+        return d
+
+    d = start()
+    try:
+        d.pump(lambda: any(e.type == ev.TURN_END for e in d.events()))  # the spoken question was answered
+        first = ask(d.socket, {"cmd": "status"})[0]["conversation"]
+    finally:
+        d.stop()
+    d = start()
+    try:
+        assert ask(d.socket, {"cmd": "status"})[0]["conversation"] == first  # resumed: within the idle gap
+        d.pump(lambda: len([e for e in d.events() if e.type == ev.TURN_END]) == 2)  # (its scenario asks again)
+        out = voice_in(tmp_path, "ctl", "new")
+        assert out.returncode == 0 and out.stdout.startswith("new conversation: c-") and f"({first} ended)" in out.stdout
+        second = ask(d.socket, {"cmd": "status"})[0]["conversation"]
+        assert second != first
+        assert ask(d.socket, {"cmd": "say", "text": "what time is it"})[0]["ok"]
+        listed = voice_in(tmp_path, "ctl", "history", "--list").stdout.splitlines()
+        assert [line.split()[0] for line in listed] == [first, second]
+        assert "ended: new" in listed[0] and "current" in listed[1]
+    finally:
+        d.stop()
+    d = start()
+    try:
+        assert ask(d.socket, {"cmd": "status"})[0]["conversation"] == second  # the open one, not the ended one
+    finally:
+        d.stop()

@@ -136,12 +136,13 @@ def test_a_window_reads_the_window_not_the_conversation(store, monkeypatch):
     for n in range(50, 400):
         chat_turn(store, n)
     long = rows_read(store, monkeypatch, lambda: derive_window(store, C, 400))
-    assert long == short <= 2 * 16 * 2  # at most two batches of turns, two rows each
+    assert long == short <= 2 * 16 * 2  # at most two batches of turns, two rows each (the turns read, no more)
 
 
 def test_a_new_turn_id_comes_from_an_index(store):
-    plan = " ".join(str(r) for r in store._db.execute("EXPLAIN QUERY PLAN SELECT COALESCE(MAX(turn), 0) FROM events"))
-    assert "events_by_turn" in plan, plan
+    plan = " ".join(str(r) for r in store._db.execute(
+        "EXPLAIN QUERY PLAN SELECT COALESCE(MAX(turn), 0) FROM events"))
+    assert "turn_ids" in plan, plan
 
 
 @pytest.mark.anyio
@@ -208,3 +209,18 @@ async def test_the_text_and_acp_surfaces_hold_the_newest_units_only():
             await surface.close(ref)
             assert surface.delivered(ref).text_chars == len("Hello.")
         assert len(surface._units) == KEEP_UNITS
+
+
+def test_the_turn_runner_holds_the_newest_turns_only(tmp_path):
+    from timeline import Timeline, after_reply, at, run_timeline
+
+    clips = [at(0.5, "what_time.wav", "What time is it?")]
+    clips += [after_reply(0.5, f, t) for f, t in (("three_points.wav", "Give me three points."),
+                                                  ("tell_london.wav", "Tell me about London."),
+                                                  ("add_note.wav", "Note: buy milk."),
+                                                  ("set_timer.wav", "Set a timer."))]
+    outcome = run_timeline(Timeline(clips=clips, replies=[{"text": f"Reply {n}.", "chunk_delay_ms": 10}
+                                                          for n in range(5)], keep=2), tmp_path)
+    turns = sorted({e.turn for e in outcome.events if e.type == ev.TURN_END})
+    assert len(turns) == 5
+    assert [t.turn for t in outcome.turns] == turns[-2:]  # the newest two: not one per turn

@@ -101,6 +101,7 @@ class Timeline:
     shutdown_when: Callable[[VoiceSession], bool] | None = None  # checked every 20 ms (one speaker block)
     leaves_tasks: str | None = None  # why this run may leave pipecat's tasks behind (None: it may not)
     during: Callable[[VoiceSession], Awaitable[None]] | None = None
+    keep: int | None = None  # per-turn bookkeeping the session holds (None: all, as `voice replay`)
 
 
 class PositionedStore(EventStore):
@@ -205,7 +206,7 @@ async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any]) -> Ou
             app.tools.add(tool)
         session = build_voice_session(app, device, SpeechModels(stt, tts), settings,
                                       conversation=new_conversation_id(), transcript=transcript.append,
-                                      aside=asides.append)
+                                      aside=asides.append, keep=timeline.keep)
         running.append(session)
 
         async def shut_down_when(condition: Callable[[VoiceSession], bool], scope: anyio.CancelScope) -> None:

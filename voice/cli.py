@@ -183,6 +183,7 @@ def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from voice.app import open_app
+    from voice.log.conversations import resume_or_new
     from voice.log.store import new_conversation_id
     from voice.service.chat import run_chat
     from voice.surfaces.text import TextSurface
@@ -195,7 +196,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             if args.new:
                 conversation = new_conversation_id()
             else:
-                conversation = args.conversation or app.store.latest_conversation() or new_conversation_id()
+                # The latest conversation, unless it ended or has been idle past the gap.
+                conversation = args.conversation or resume_or_new(app.store, config["conversation"]["idle_gap_s"])
             await app.announcer.attach(surface.notice)
             await run_chat(app.agent(surface, conversation))
 

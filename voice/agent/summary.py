@@ -61,7 +61,8 @@ def _request_text(store: EventStore, conversation: str, turns: tuple[int, int], 
     previous = latest_summary(store, conversation, upto=turns[0] - 1)
     results: dict[str, ev.ToolResult] = {}
     by_turn: dict[int, list[ev.Event]] = {}
-    for e in store.events(conversation, types=ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}, turns=turns):
+    ids = [t for t in store.turns(conversation, before=turns[1] + 1, limit=1_000_000) if t >= turns[0]]
+    for e in store.turn_events(conversation, ids, ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}):
         by_turn.setdefault(e.turn, []).append(e)
     lines: list[str] = []
     for turn in sorted(by_turn):

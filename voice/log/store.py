@@ -87,14 +87,16 @@ _MIGRATIONS: dict[int, str] = {
         WHERE type = 'effect/receipt';
     """,
     # Per-turn cost stays flat however long the log (issue #14): a new turn's
-    # id (MAX(turn)) is read from an index, a context window reads the
-    # newest turns of a conversation by (conversation, turn), and the rare
-    # kinds (timers, conversation ends and summaries, turn starts) are found
-    # by type without a scan.
+    # id is MAX(turn) of any row, read from an index on turn. The others are
+    # partial, written only for the rows they hold: turn starts (a context
+    # window finds a conversation's newest turns and where each begins), and
+    # the rare conversation ends and summaries.
     4: """
-    CREATE INDEX IF NOT EXISTS events_by_turn ON events(turn);
-    CREATE INDEX IF NOT EXISTS events_by_conversation_turn ON events(conversation, turn);
-    CREATE INDEX IF NOT EXISTS events_by_type ON events(type, conversation, seq);
+    CREATE INDEX IF NOT EXISTS turn_ids ON events(turn);
+    CREATE INDEX IF NOT EXISTS turns_of_conversation ON events(conversation, turn, seq) WHERE type = 'turn/start';
+    CREATE INDEX IF NOT EXISTS conversation_ends ON events(conversation, seq) WHERE type = 'conversation/end';
+    CREATE INDEX IF NOT EXISTS conversation_summaries ON events(conversation, seq)
+        WHERE type = 'conversation/summary';
     """,
 }
 
@@ -315,21 +317,21 @@ class EventStore:
         turn: int | None = None,
         types: set[str] | frozenset[str] | None = None,
         after_seq: int = 0,
-        turns: tuple[int, int] | None = None,
     ) -> list[Event]:
-        """Events in log order; `turns` = (first, last): only those of the
-        turns in that range (both included)."""
+        """Events in log order (of a conversation, a turn, some types, after a seq)."""
         sql = "SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events WHERE seq > ?"
         args: list[Any] = [after_seq]
         if conversation is not None:
             sql += " AND conversation = ?"
             args.append(conversation)
         if turn is not None:
+            if conversation is not None:  # from where the turn begins (by index): a turn costs what follows it
+                row = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                       " AND turn = ?", (conversation, turn)).fetchone()
+                if row[0] is not None:
+                    args[0] = max(after_seq, row[0] - 1)
             sql += " AND turn = ?"
             args.append(turn)
-        if turns is not None:
-            sql += " AND turn BETWEEN ? AND ?"
-            args.extend(turns)
         if types:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(sorted(types))
@@ -349,25 +351,51 @@ class EventStore:
         """The conversation's turn ids, newest first: at most `limit`, all
         below `before` when given (an index walk: the cost of the answer,
         not of the conversation)."""
-        sql = "SELECT DISTINCT turn FROM events WHERE conversation = ? AND turn IS NOT NULL"
+        return [t for t, _ in self._turn_starts(conversation, before, limit)]
+
+    def _turn_starts(self, conversation: str, before: int | None, limit: int) -> list[tuple[int, int]]:
+        """(turn, seq of its turn/start), newest first, from the partial index."""
+        sql = "SELECT turn, seq FROM events WHERE type = 'turn/start' AND conversation = ?"
         args: list[Any] = [conversation]
         if before is not None:
             sql += " AND turn < ?"
             args.append(before)
-        return [r[0] for r in self._db.execute(sql + " ORDER BY turn DESC LIMIT ?", [*args, limit])]
+        return list(self._db.execute(sql + " ORDER BY turn DESC LIMIT ?", [*args, limit]))
+
+    def turn_events(self, conversation: str, turns: list[int], types: set[str] | frozenset[str]) -> list[Event]:
+        """The events of these turns (ids of the conversation, as `turns`
+        gives them), in log order: read from where the oldest of them begins,
+        so the cost is theirs and what came after them, not the conversation's."""
+        if not turns:
+            return []
+        low, high = min(turns), max(turns)
+        (start,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                    " AND turn = ?", (conversation, low)).fetchone()
+        (after,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                    " AND turn > ?", (conversation, high)).fetchone()  # where the next turn begins
+        sql = ("SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events"
+               f" WHERE conversation = ? AND seq >= ? AND seq < ? AND type IN ({','.join('?' * len(types))})"
+               " ORDER BY seq")
+        rows = self._db.execute(sql, [conversation, start or 0, after or 2**62, *sorted(types)])
+        return [e for e in map(self._row, rows) if e.turn is not None and low <= e.turn <= high]
 
     def first_turn(self, conversation: str, *, after: int = 0) -> int | None:
         """The conversation's oldest turn id above `after` (by index)."""
-        (turn,) = self._db.execute("SELECT MIN(turn) FROM events WHERE conversation = ? AND turn > ?",
-                                   (conversation, after)).fetchone()
+        (turn,) = self._db.execute("SELECT MIN(turn) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                   " AND turn > ?", (conversation, after)).fetchone()
         return turn
 
     def last_of(self, conversation: str, types: set[str] | frozenset[str]) -> Event | None:
-        """The conversation's latest event of these types (by index)."""
-        marks = ",".join("?" * len(types))
+        """The conversation's latest event of these types. A conversation's
+        end or summary is found by its own index; other kinds by walking the
+        conversation back from its newest event (they are frequent)."""
+        if not set(types) <= EVENT_TYPES:
+            raise ValueError(f"unknown event types {sorted(set(types) - EVENT_TYPES)}")
+        # Literal types (checked above): a partial index serves only a query that names its type.
+        kinds = " OR ".join(f"type = '{t}'" for t in sorted(types))
         row = self._db.execute(
             "SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events"
-            f" WHERE type IN ({marks}) AND conversation = ? ORDER BY seq DESC LIMIT 1", [*sorted(types), conversation]
+            f" WHERE conversation = ? AND ({kinds}) ORDER BY seq DESC LIMIT 1", (conversation,)
         ).fetchone()
         return self._row(row) if row else None
 

@@ -7,7 +7,7 @@ or not at all, so a tool call never goes without its result and an
 interrupted reply never loses its marker.
 
 Reading costs the window, not the conversation: turns are read newest first
-from the (conversation, turn) index, a batch at a time, until the budget is
+(the log's index of turn starts), a batch at a time, until the budget is
 spent (docs/ARCHITECTURE.md, "The context budget").
 
 Tokens are counted by a `TokenCounter`: the model's own tokenizer when the
@@ -166,7 +166,7 @@ def derive_window(store: EventStore, conversation: str, budget: int | None = Non
         batch = [t for t in store.turns(conversation, before=before, limit=_BATCH) if t > floor]
         if not batch:
             break
-        events = store.events(conversation, types=_READ, turns=(batch[-1], batch[0]))
+        events = store.turn_events(conversation, batch, _READ)
         by_turn: dict[int, list[ev.Event]] = {}
         for e in events:
             by_turn.setdefault(e.turn, []).append(e)

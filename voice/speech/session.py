@@ -229,9 +229,10 @@ class VoiceSession:
             self.ignored(f"{heard.text!r} was heard while shutting down")
 
     def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
-        if ref.conversation != self.conversation:
+        if ref.conversation == "notice":
             return  # the assistant's own notices are not part of any turn
-        self.store.record(self.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
+        # (filed under the unit's own conversation: it may have ended since)
+        self.store.record(ref.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
                           turn=ref.turn, step=ref.step, attempt=ref.attempt)
 
     def log_speech(self, body: Body, turn: int | None) -> None:
