@@ -73,7 +73,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
                            echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside)
     wake, gate = listen_gate(settings)
     listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
-                             gate=gate, report_ignored=aside is not None)
+                             gate=gate)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"))
