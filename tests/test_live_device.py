@@ -54,15 +54,15 @@ class FakeSD:
 
         class Stream(FakeStream):
             def __init__(self, **kw):
-                super().__init__(sd, kind="duplex", requested_latency=kw.pop("latency", None), **kw)
+                super().__init__(sd, kind="duplex", **kw)
 
         class InputStream(FakeStream):
             def __init__(self, **kw):
-                super().__init__(sd, kind="input", requested_latency=kw.pop("latency", None), **kw)
+                super().__init__(sd, kind="input", **kw)
 
         class OutputStream(FakeStream):
             def __init__(self, **kw):
-                super().__init__(sd, kind="output", requested_latency=kw.pop("latency", None), **kw)
+                super().__init__(sd, kind="output", **kw)
 
         self.module = types.ModuleType("sounddevice")
         self.module.PortAudioError = FakePortAudioError
@@ -98,7 +98,6 @@ class FakeStream:
     channels: int
     dtype: str
     kind: str = "?"
-    requested_latency: object = None  # what the device asked PortAudio for (the `latency` argument)
     started: bool = False
     stopped: bool = False
     closed: bool = False
@@ -253,7 +252,6 @@ async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
     assert stream.kind == "duplex"
     assert not stream.errors
     assert (stream.samplerate, stream.blocksize, stream.channels, stream.dtype) == (16000, 320, 1, "int16")
-    assert stream.requested_latency == "low"  # PortAudio's default, "high", doubles the buffering each way
     assert stream.device == (None, None)
     assert stream.started and stream.stopped and stream.closed
     assert stream.calls == 40

@@ -11,11 +11,6 @@ block's first sample, and the cursor stands still between callbacks;
 benchmarks/live.py). The static figure is only the fallback.
 Mic blocks leave the callback through a bounded queue (never blocking it)
 and are resampled to 16 kHz mono with soxr on the event loop side.
-
-The streams ask PortAudio for its low latency (`latency = "low"`): its
-default, "high", buffered 40 ms each way on PipeWire where "low" buffers
-20 ms, and both ways are in the barge-in acknowledgement (the person's
-onset reaches the VAD later, the paused reply leaves the speaker later).
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ class LiveDevice:
     input_device: int | str | None = None
     output_device: int | str | None = None
     block_ms: int = 20
-    latency: str | float = "low"  # PortAudio's suggested latency, each way (see above)
     buffer: PlaybackBuffer = field(init=False)
     dropped_blocks: int = 0
     _latency_s: float = 0.0  # the stream's reported output latency: the fallback
@@ -114,7 +108,7 @@ class LiveDevice:
             on_output(outdata, frames, time_info, status)
             on_input(indata, frames, time_info, status)
 
-        common = dict(channels=1, dtype="int16", latency=self.latency)
+        common = dict(channels=1, dtype="int16")
         if self._in_rate == self._out_rate:
             streams = [sd.Stream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
                                  device=(self.input_device, self.output_device), callback=on_duplex, **common)]
