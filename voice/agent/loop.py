@@ -192,18 +192,20 @@ class AgentLoop:
         while self._turn_over is not None:
             await self._turn_over.wait()
 
-    def start_early(self, user_text: str) -> EarlyStart:
+    def start_early(self, user_text: str, *, fresh: bool = False) -> EarlyStart:
         """The request a turn for `user_text` would send now, to be run (its
         `run()`) before the turn is committed; it only buffers. Built as
         `_stream` builds it (the same window); a request that differs is
-        dropped at the commit, never used."""
+        dropped at the commit, never used. `fresh`: the turn will open a new
+        conversation (the idle gap passed), so no history."""
         self._early_count += 1
         schemas = self.tools.schemas()
-        history = derive_history(self.store, self.conversation, budget=self._history_budget(schemas),
-                                 count=self.settings.count_tokens)
-        messages = [*history.messages, {"role": "user", "content": user_text}]
+        history = None if fresh else derive_history(self.store, self.conversation,
+                                                    budget=self._history_budget(schemas),
+                                                    count=self.settings.count_tokens)
+        messages = [*(history.messages if history else []), {"role": "user", "content": user_text}]
         request = ModelRequest(messages=provider_messages(messages, self.settings.system_prompt),
-                               tools=schemas, tool_results=history.tool_results)
+                               tools=schemas, tool_results=history.tool_results if history else {})
         return EarlyStart(user_text, request, self.provider, self._early_count)
 
     def drop_early(self, early: EarlyStart) -> None:

@@ -168,7 +168,10 @@ class TurnRunner:
         self.drop_early()
         if self._early_tasks is None or self._closed or self.waiting or self.agent.busy:
             return
-        self._early = self.agent.start_early(text)
+        if self.rules.new_phrases and stop_intent(text, self.rules.new_phrases):
+            return  # "start over" asks the model nothing
+        # After the idle gap the turn will open a new conversation: the request it sends has no history.
+        self._early = self.agent.start_early(text, fresh=self._idle_s() is not None)
         self.early_starts += 1
         self._early_tasks.start_soon(self._early.run)
 
@@ -248,12 +251,17 @@ class TurnRunner:
     def _end_if_idle(self) -> None:
         """The conversation ends once `idle_gap_s` passed without activity
         (on the log's clock: wall time, or a replay's virtual time)."""
+        idle = self._idle_s()
+        if idle is not None:
+            self._switch("idle", idle_s=idle)
+
+    def _idle_s(self) -> float | None:
+        """How long the conversation has been idle, once that is past the gap."""
         gap_s = self.rules.idle_gap_s
         if gap_s is None or last_activity(self.store, self.conversation) is None:
-            return
+            return None
         idle = idle_for(self.store, self.conversation)
-        if idle >= gap_s:
-            self._switch("idle", idle_s=idle)
+        return idle if idle >= gap_s else None
 
     def _switch(self, reason: str, *, idle_s: float | None = None, words: str | None = None) -> None:
         """End the conversation (unless nothing happened in it yet) and
