@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import AUDIO, run_replay, stats  # noqa: E402
-from replays import _events, v2v_breakdown  # noqa: E402
+from replays import read_events, v2v_breakdown  # noqa: E402
 
 REPLY = ("The moon is about a quarter of the size of the Earth, and it always shows us the same face. "
          "Its light is sunlight reflected from grey rock.")
@@ -60,7 +60,7 @@ def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=p
     else:
         summary = run_replay(scenario(work / f"{tag}-scenario.toml", clips, ttft_ms, reply), work / tag,
                              stt_model=stt, config=config)
-    parts = v2v_breakdown(summary, _events(work / tag / "events.db"))
+    parts = v2v_breakdown(summary, read_events(work / tag / "events.db"))
     v2v = stats([p["v2v_ms"] for p in parts])
     row = {"tag": tag, "stt": stt, "ttft_ms": ttft_ms, "early": early, "clips": len(clips),
            "turns": len(summary["turns"]), "false_splits": max(0, len(summary["turns"]) - len(clips)),

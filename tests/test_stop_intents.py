@@ -41,7 +41,8 @@ def test_the_config_documents_the_default_phrases():
 
 
 @pytest.mark.parametrize("text,expected", [("M-M-M", True), ("MM", True), ("Yeah, yeah.", True), ("mm hmm", True),
-                                           ("", True), ("MM them.", False), ("Stop", False), ("I see you", False)])
+                                           ("", True), ("MM them.", False), ("Stop", False), ("I see you", False),
+                                           ("5, 5", False), ("1", False)])  # numbers are words, not a hum
 def test_backchannels_alone_or_repeated(text, expected):
     assert is_backchannel(text) is expected
 

@@ -47,7 +47,7 @@ STOP_FILLERS = frozenset({"okay", "ok", "oh", "please", "um", "uh", "no", "just"
 
 
 def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower().replace("-", " ").replace("'", "").replace("\u2019", ""))
+    return re.findall(r"[a-z0-9]+", text.lower().replace("-", " ").replace("'", "").replace("\u2019", ""))
 
 
 def stop_intent(text: str, phrases: tuple[str, ...] | list[str] = STOP_PHRASES) -> bool:
