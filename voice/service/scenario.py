@@ -10,6 +10,10 @@
     [[user]]
     audio = "thanks.wav"
     after_reply = 0.8                 # seconds after the previous reply finished playing
+    [[user]]
+    audio = "more.wav"
+    after_idle = 0.5                  # seconds after the previous clip ended and the assistant fell
+                                      # quiet, whether or not anything answered it (a long soak)
 
 A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
 waits `wait_s` seconds and returns `result`: a stand-in for a slow external
@@ -39,8 +43,8 @@ from voice.audio.wav import read_mono16k
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect"}
-_USER = {"audio", "at", "barge_in_after", "after_reply"}
-_WHEN = ("at", "barge_in_after", "after_reply")
+_USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
+_WHEN = ("at", "barge_in_after", "after_reply", "after_idle")
 
 
 @dataclass(frozen=True)
