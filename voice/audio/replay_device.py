@@ -38,7 +38,7 @@ BLOCK = MIC_RATE // 50  # 20 ms
 class UserClip:
     audio: np.ndarray  # int16 16 kHz
     name: str
-    when: str  # "at" | "barge_in_after" | "after_reply"
+    when: str  # "at" | "barge_in_after" | "after_reply" | "after_idle"
     seconds: float
     onset: int  # samples from the clip start to the first loud sample
 
@@ -173,6 +173,10 @@ class ReplayDevice:
             return
         previous = self.placed[-1]
         if self.position < previous.end:
+            return
+        if clip.when == "after_idle":  # whether or not anything answered the previous clip
+            if self.idle():
+                self.placed.append(PlacedClip(clip, self.position + seconds))
             return
         reply_start = next((s for s in self.buffer.starts if s >= previous.onset), None)
         if reply_start is None:

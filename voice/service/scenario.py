@@ -10,6 +10,10 @@
     [[user]]
     audio = "thanks.wav"
     after_reply = 0.8                 # seconds after the previous reply finished playing
+    [[user]]
+    audio = "more.wav"
+    after_idle = 0.5                  # seconds after the previous clip ended and the assistant fell
+                                      # quiet, whether or not anything answered it (a long soak)
 
 A `[[tool]]` (name, wait_s, result, effect = "read") adds a tool that
 waits `wait_s` seconds and returns `result`: a stand-in for a slow external
@@ -57,8 +61,8 @@ _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "ec
         "mic_blocks"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase"}
-_USER = {"audio", "at", "barge_in_after", "after_reply"}
-_WHEN = ("at", "barge_in_after", "after_reply")
+_USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
+_WHEN = ("at", "barge_in_after", "after_reply", "after_idle")
 
 
 @dataclass(frozen=True)
