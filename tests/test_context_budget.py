@@ -244,3 +244,90 @@ async def test_the_models_own_tokenizer_sets_the_count_where_the_server_has_one(
     async with open_app(default_config(), db=tmp_path / "events.db", llm=scripted({"text": "Fine."}),
                         data_dir=tmp_path, recovery=False) as app:
         assert app.settings.count_tokens("x" * 500) == estimate_tokens("x" * 500)  # none: the estimate
+
+
+# -- a small budget, from the outside ------------------------------------------
+
+
+def summary_requests(server: LoopbackLLM) -> list[str]:
+    """The user message of every summary request the server was sent."""
+    return [r["messages"][1]["content"] for r in server.requests
+            if str(r["messages"][0]["content"]).startswith("Summarise")]
+
+
+async def talk_with_summaries(store, server: LoopbackLLM, turns: int, **settings) -> None:
+    agent = server_agent(store, server, **settings)
+    try:
+        for n in range(turns):
+            result = await agent.run_turn(f"chat: question {n} " + "x" * 60)
+            await agent.summarize_after(result.turn)
+    finally:
+        await agent.provider.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("context_tokens", [256, 768])
+async def test_a_small_budget_never_asks_for_a_summary_of_nothing(store, context_tokens):
+    with LoopbackLLM() as server:
+        await talk_with_summaries(store, server, 12, context_tokens=context_tokens, reply_tokens=128)
+    for content in summary_requests(server):
+        lines = content.splitlines()
+        assert any(line.startswith(("user: ", "assistant: ")) for line in lines), content
+
+
+@pytest.mark.anyio
+async def test_a_summary_names_every_turn_it_stands_for_in_history(store, tmp_path):
+    import subprocess
+    import sys
+
+    with LoopbackLLM() as server:
+        await talk_with_summaries(store, server, 16, context_tokens=768, reply_tokens=128)
+    summaries = [e.body for e in store.events(C, types={ev.CONVERSATION_SUMMARY})]
+    assert len(summaries) >= 2  # a later summary carries the earlier one
+    assert all(s.first_turn == 1 for s in summaries), [(s.first_turn, s.last_turn) for s in summaries]
+    out = subprocess.run([sys.executable, "-m", "voice", "history", "--db", str(store.path), "--conversation", C],
+                         capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
+    assert out.returncode == 0, out.stderr
+    assert f"(turns 1-{summaries[-1].last_turn})" in out.stdout.splitlines()[0]
+
+
+# -- the budget's keys, refused alike by every command ------------------------
+
+
+def voice_with_config(tmp_path, text: str, *args: str) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "voice.toml"
+    cfg.write_text(text)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    return subprocess.run([sys.executable, "-m", "voice", *args, "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=120, env=env, input="")
+
+
+@pytest.mark.parametrize("keys, reply, context", [("reply_tokens = 3000", 3000, 4096),
+                                                  ("context_tokens = 1024\nreply_tokens = 600", 600, 1024)])
+def test_a_reply_reserve_over_half_the_context_is_refused_by_every_command(tmp_path, keys, reply, context):
+    line = f"llm.reply_tokens = {reply} must be at most half of llm.context_tokens = {context}"
+    for args in (("config", "show"), ("chat", "--db", str(tmp_path / "events.db"))):
+        out = voice_with_config(tmp_path, f"[llm]\n{keys}\n", *args)
+        assert out.returncode != 0 and line in out.stderr and len(out.stderr.strip().splitlines()) == 1, out
+    doctor = voice_with_config(tmp_path, f"[llm]\n{keys}\n", "doctor", "--no-load")
+    assert doctor.returncode == 1
+    first = doctor.stdout.splitlines()[0]
+    assert first.startswith("[FAIL] config: ") and line in first  # before anything else: no LLM probe line
+
+
+def test_doctor_warns_when_the_budget_leaves_no_room_for_the_conversation(tmp_path):
+    script = tmp_path / "s.toml"
+    script.write_text('[[reply]]\ntext = "Hi."\n')
+    tiny = voice_with_config(tmp_path, "[llm]\ncontext_tokens = 256\nreply_tokens = 128\n", "doctor", "--no-load",
+                             "--llm", f"scripted:{script}")
+    (warned,) = [line for line in tiny.stdout.splitlines() if "context budget" in line]
+    assert warned.startswith("[warn] context budget: ") and "raise llm.context_tokens" in warned
+    roomy = voice_with_config(tmp_path, "", "doctor", "--no-load", "--llm", f"scripted:{script}")
+    (fine,) = [line for line in roomy.stdout.splitlines() if "context budget" in line]
+    assert fine.startswith("[  ok] context budget: ")

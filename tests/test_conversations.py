@@ -226,7 +226,7 @@ def test_the_daemon_resumes_the_open_conversation_and_ctl_new_ends_it(tmp_path):
         assert ask(d.socket, {"cmd": "status"})[0]["conversation"] == first  # resumed: within the idle gap
         d.pump(lambda: len([e for e in d.events() if e.type == ev.TURN_END]) == 2)  # (its scenario asks again)
         out = voice_in(tmp_path, "ctl", "new")
-        assert out.returncode == 0 and out.stdout.startswith("new conversation: c-") and f"({first} ended)" in out.stdout
+        assert out.returncode == 0 and out.stdout.startswith("started a new conversation: c-") and f"({first} ended)" in out.stdout
         second = ask(d.socket, {"cmd": "status"})[0]["conversation"]
         assert second != first
         assert ask(d.socket, {"cmd": "say", "text": "what time is it"})[0]["ok"]
@@ -240,3 +240,138 @@ def test_the_daemon_resumes_the_open_conversation_and_ctl_new_ends_it(tmp_path):
         assert ask(d.socket, {"cmd": "status"})[0]["conversation"] == second  # the open one, not the ended one
     finally:
         d.stop()
+# -- from the outside: a daemon, voice ctl -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def gap_daemon(tmp_path_factory):
+    """`voice run` with a 10 s idle gap, answering through a loopback model server."""
+    from loopback_llm import LoopbackLLM
+    from test_service import SCENARIOS, Daemon
+
+    tmp = tmp_path_factory.mktemp("gap")
+    (tmp / "config" / "voice").mkdir(parents=True)
+    (tmp / "config" / "voice" / "voice.toml").write_text("[conversation]\nidle_gap_s = 10.0\n")
+    scenario = tmp / "quiet.toml"
+    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "what_time.wav"}"\nat = 0.3\n')
+    with LoopbackLLM() as server:
+        d = Daemon(tmp, scenario, extra_args=("--llm", server.base_url))
+        d.server = server
+        try:
+            d.pump(lambda: "READY=1" in d.messages and d.socket.exists())
+            d.pump(lambda: any(e.type == ev.TURN_END for e in d.events()))
+            yield d
+        finally:
+            d.stop()
+
+
+def ctl(daemon, *args: str):
+    from test_service import voice as voice_in
+
+    return voice_in(daemon.tmp, "ctl", *args)
+
+
+def current_conversation(daemon) -> str:
+    import json
+
+    return json.loads(ctl(daemon, "status", "--json").stdout)["conversation"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("words", ["new conversation", "okay start over please"])
+def test_voice_ctl_say_new_conversation_reports_the_new_one_and_succeeds(gap_daemon, words):
+    assert ctl(gap_daemon, "say", "what", "time", "is", "it").returncode == 0
+    before = current_conversation(gap_daemon)
+    out = ctl(gap_daemon, "say", *words.split())
+    assert out.returncode == 0, out.stderr
+    after = current_conversation(gap_daemon)
+    assert after != before
+    assert out.stdout.splitlines() == [f"started a new conversation: {after} ({before} ended)"] and out.stderr == ""
+    store = EventStore(gap_daemon.db)
+    try:
+        assert ended(store, before).reason == "asked"
+    finally:
+        store.close()
+    again = ctl(gap_daemon, "say", *words.split())  # nothing said in the new one: it stays, and that is no error
+    assert again.returncode == 0 and again.stdout.splitlines() == [
+        f"conversation: {after} (nothing said in it yet: it stays)"]
+
+
+@pytest.mark.slow
+def test_a_failed_ctl_say_prints_only_its_error_line(gap_daemon):
+    gap_daemon.server.n_ctx = 10  # the model refuses every request: the turn ends in an error, nothing said
+    try:
+        out = ctl(gap_daemon, "say", "what", "time", "is", "it")
+    finally:
+        gap_daemon.server.n_ctx = None
+    assert out.returncode == 1 and "ended in an error" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert out.stdout == ""  # no empty "assistant: " line before it
+
+
+@pytest.mark.slow
+def test_status_and_history_say_the_conversation_ended_once_the_idle_gap_passed(gap_daemon):
+    import time
+
+    assert ctl(gap_daemon, "say", "what", "time", "is", "it").returncode == 0
+    talked = current_conversation(gap_daemon)
+    deadline = time.monotonic() + 30
+    while current_conversation(gap_daemon) == talked:  # no request comes: the gap alone must end it
+        assert time.monotonic() < deadline, "the conversation still current 30 s after a 10 s idle gap"
+        time.sleep(1.0)
+    listed = ctl(gap_daemon, "history", "--list").stdout.splitlines()
+    line = next(entry for entry in listed if entry.startswith(talked))
+    assert "ended: idle" in line and "current" not in line
+    store = EventStore(gap_daemon.db)
+    try:
+        end = ended(store, talked)
+        assert end.reason == "idle" and 10.0 <= end.idle_s < 15.0
+    finally:
+        store.close()
+
+
+# -- voice chat --------------------------------------------------------------
+
+
+def chat(tmp_path, db, lines: str, replies: list[str]) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "replies.toml"
+    script.write_text("".join(f'[[reply]]\nchunk_delay_ms = 1\ntext = "{r}"\n' for r in replies))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    return subprocess.run([sys.executable, "-m", "voice", "chat", "--db", str(db), "--llm", f"scripted:{script}"],
+                          input=lines, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_voice_chat_does_not_continue_an_ended_conversation(tmp_path):
+    db = tmp_path / "events.db"
+    store = EventStore(db)
+    talk(store, "c-old", "what time is it")
+    store.record("c-old", ev.ConversationEnd(reason="asked", words="start over"))
+    store.close()
+    out = chat(tmp_path, db, "hello\n", ["Hi."])
+    assert out.returncode == 0, out.stderr
+    store = EventStore(db)
+    try:
+        assert [m["content"] for m in derive_messages(store, "c-old")] == ["what time is it"]
+        (new,) = [c for c in store.conversations() if c != "c-old"]
+        assert [m["content"] for m in derive_messages(store, new)] == ["hello", "Hi."]
+    finally:
+        store.close()
+
+
+def test_typing_start_over_in_voice_chat_ends_the_conversation_without_asking_the_model(tmp_path):
+    db = tmp_path / "events.db"
+    out = chat(tmp_path, db, "hello\nokay start over please\nhi again\n", ["Hi.", "Hello again."])
+    assert out.returncode == 0, out.stderr
+    assert "Okay, starting fresh." in out.stdout
+    store = EventStore(db)
+    try:
+        first, second = store.conversations()
+        assert [m["content"] for m in derive_messages(store, first)] == ["hello", "Hi."]
+        assert ended(store, first).reason == "asked" and ended(store, first).words == "okay start over please"
+        assert [m["content"] for m in derive_messages(store, second)] == ["hi again", "Hello again."]
+    finally:
+        store.close()

@@ -51,10 +51,7 @@ Say = Callable[[str], Awaitable[None]]
 
 
 def loop_settings(config: dict[str, Any]) -> LoopSettings:
-    llm = config["llm"]
-    if llm["reply_tokens"] * 2 > llm["context_tokens"]:
-        raise UsageError(f"config: llm.reply_tokens = {llm['reply_tokens']} must be at most half of "
-                         f"llm.context_tokens = {llm['context_tokens']}: lower it, or raise context_tokens")
+    llm = config["llm"]  # (checked when the config loaded: reply_tokens at most half of context_tokens)
     return LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
                         retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"],
                         context_tokens=llm["context_tokens"], reply_tokens=llm["reply_tokens"])

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _llm(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--conversation", metavar="ID", help="continue this conversation (default: the latest)")
+    g.add_argument("--conversation", metavar="ID", help="continue this conversation (default: the latest, unless it "
+                   "ended or was idle longer than [conversation] idle_gap_s)")
     g.add_argument("--new", action="store_true", help="start a new conversation")
 
     p = sub.add_parser("replay", help="replay a scenario's recorded audio through the voice pipeline")
@@ -193,13 +194,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with open_app(config, db=args.db, llm=args.llm, notice=lambda text: print(f"[{text}]", flush=True)) as app:
+            rules = config["conversation"]
             if args.new:
                 conversation = new_conversation_id()
-            else:
-                # The latest conversation, unless it ended or has been idle past the gap.
-                conversation = args.conversation or resume_or_new(app.store, config["conversation"]["idle_gap_s"])
+            else:  # the latest, as `voice run` picks it: not if it ended or was idle past the gap
+                conversation = args.conversation or resume_or_new(app.store, rules["idle_gap_s"])
             await app.announcer.attach(surface.notice)
-            await run_chat(app.agent(surface, conversation))
+            await run_chat(app.agent(surface, conversation), idle_gap_s=rules["idle_gap_s"],
+                           new_phrases=tuple(rules["new_phrases"]), new_reply=rules["new_reply"])
 
     anyio.run(main)
     return 0

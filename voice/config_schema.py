@@ -129,6 +129,18 @@ def validate(config: dict[str, Any], sources: dict[str, str]) -> None:
         rule = rule() if not isinstance(rule, Rule) else rule
         if not rule.ok(value):
             raise UsageError(f"{sources.get(key, 'default')}: {key} = {_shown(value)} must be {rule.allowed}")
+    _cross_keys(config, sources)
+
+
+def _cross_keys(config: dict[str, Any], sources: dict[str, str]) -> None:
+    """Rules between keys: the reply's reserve must leave the conversation
+    at least half the context."""
+    llm = config.get("llm", {})
+    reply, context = llm.get("reply_tokens"), llm.get("context_tokens")
+    if isinstance(reply, int) and isinstance(context, int) and reply * 2 > context:
+        where = sources.get("llm.reply_tokens") or sources.get("llm.context_tokens", "default")
+        raise UsageError(f"{where}: llm.reply_tokens = {reply} must be at most half of llm.context_tokens = "
+                         f"{context}: lower it, or raise context_tokens")
 
 
 def _values(table: dict[str, Any], prefix: str = ""):

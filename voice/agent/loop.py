@@ -131,6 +131,13 @@ def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]
     return out
 
 
+def history_budget(s: LoopSettings, schemas: list[dict[str, Any]]) -> int:
+    """Tokens left for the conversation once the system prompt, the tool
+    schemas and the reply's reserve are counted."""
+    fixed = message_tokens({"content": s.system_prompt}, s.count_tokens) + tools_tokens(schemas, s.count_tokens)
+    return max(0, s.context_tokens - s.reply_tokens - fixed)
+
+
 class AgentLoop:
     def __init__(
         self,
@@ -321,11 +328,7 @@ class AgentLoop:
             retries += 1
 
     def _history_budget(self, schemas: list[dict[str, Any]], shrink: int = 1) -> int:
-        """Tokens left for the conversation once the system prompt, the tool
-        schemas and the reply's reserve are counted."""
-        s = self.settings
-        fixed = message_tokens({"content": s.system_prompt}, s.count_tokens) + tools_tokens(schemas, s.count_tokens)
-        return max(0, s.context_tokens - s.reply_tokens - fixed) // shrink
+        return history_budget(self.settings, schemas) // shrink
 
     async def _stream(self, state: _TurnState) -> BlockAssembler:
         """One provider request. Commits the message on a normal finish;

@@ -56,8 +56,11 @@ def due(store: EventStore, conversation: str, budget: int, count: TokenCounter =
 
 
 def _request_text(store: EventStore, conversation: str, turns: tuple[int, int], budget: int,
-                  count: TokenCounter) -> str:
-    """The earlier summary and the turns' messages as lines, newest kept when over the budget."""
+                  count: TokenCounter) -> tuple[str, int] | None:
+    """The earlier summary and the turns' messages as lines, newest kept when
+    over the budget, and the first turn the new summary stands for (the
+    earlier summary's first: it carries it). None when none of the turns'
+    lines fits: there is nothing to summarise."""
     previous = latest_summary(store, conversation, upto=turns[0] - 1)
     results: dict[str, ev.ToolResult] = {}
     by_turn: dict[int, list[ev.Event]] = {}
@@ -73,8 +76,10 @@ def _request_text(store: EventStore, conversation: str, turns: tuple[int, int], 
         if spent > budget:
             break
         kept.append(line)
+    if not kept:
+        return None
     head = [f"Earlier summary: {previous.text}"] if previous is not None else []
-    return "\n".join(head + list(reversed(kept)))
+    return "\n".join(head + list(reversed(kept))), previous.first_turn if previous is not None else turns[0]
 
 
 async def summarize(store: EventStore, provider: Provider, conversation: str, turn: int, turns: tuple[int, int],
@@ -83,9 +88,11 @@ async def summarize(store: EventStore, provider: Provider, conversation: str, tu
     Cancellable: a cancelled summary records nothing (the next turn asks again)."""
     route: dict[str, Any] = {"provider": provider.route.provider, "model": provider.route.model,
                              "base_url": provider.route.base_url}
-    request = ModelRequest(messages=[{"role": "system", "content": PROMPT},
-                                     {"role": "user", "content": _request_text(store, conversation, turns, budget,
-                                                                               count)}])
+    asked = _request_text(store, conversation, turns, budget, count)
+    if asked is None:
+        return None  # (a budget too small for even one line of the turns: never ask for a summary of nothing)
+    content, first_turn = asked
+    request = ModelRequest(messages=[{"role": "system", "content": PROMPT}, {"role": "user", "content": content}])
     text: list[str] = []
     stream = provider.stream(request)
     try:
@@ -104,6 +111,6 @@ async def summarize(store: EventStore, provider: Provider, conversation: str, tu
     summary = " ".join("".join(text).split())
     if not summary:
         return None
-    body = ev.ConversationSummary(text=summary, first_turn=turns[0], last_turn=turns[1], route=route)
+    body = ev.ConversationSummary(text=summary, first_turn=first_turn, last_turn=turns[1], route=route)
     store.record(conversation, body, turn=turn, step=SUMMARY_STEP, attempt=0)
     return body

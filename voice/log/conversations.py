@@ -53,6 +53,25 @@ def end_conversation(store: EventStore, conversation: str, reason: str, *, idle_
     return body
 
 
+@dataclass(frozen=True)
+class NewConversation:
+    """What a request that asked for a new conversation did: no
+    turn; `before` ended (unless nothing was said in it: then `after` is it)."""
+
+    before: str
+    after: str
+
+
+def end_and_open(store: EventStore, conversation: str, reason: str, *, idle_s: float | None = None,
+                 words: str | None = None) -> str:
+    """End `conversation` and return a new one's id; a conversation in which
+    nothing happened yet is not ended: it is returned as it is."""
+    if last_activity(store, conversation) is None:
+        return conversation
+    end_conversation(store, conversation, reason, idle_s=idle_s, words=words)
+    return new_conversation_id()
+
+
 def resume_or_new(store: EventStore, idle_gap_s: float, now: float | None = None) -> str:
     """The conversation a starting service continues: the latest one if it
     has not ended and was active within `idle_gap_s`; else a new one (the

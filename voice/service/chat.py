@@ -19,6 +19,8 @@ import anyio
 import anyio.abc
 
 from voice.agent.loop import AgentLoop
+from voice.log.conversations import end_and_open, idle_for
+from voice.speech.judge import stop_intent
 
 
 def _read_line(stdin: TextIO) -> str:
@@ -53,7 +55,11 @@ def _start_reader(stdin: TextIO) -> anyio.abc.ObjectReceiveStream[str | None]:
     return receive
 
 
-async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
+async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout, *,
+                   idle_gap_s: float | None = None, new_phrases: tuple[str, ...] = (), new_reply: str = "") -> None:
+    """The REPL. A conversation ends here as a spoken one does ([conversation]):
+    a line made only of a new-conversation phrase ends it (it is not sent to
+    the model), and a line after the idle gap opens a new one."""
     interactive = stdin.isatty()
     lines = _start_reader(stdin)
     async with lines, anyio.create_task_group() as tg:
@@ -78,6 +84,14 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
             if not interactive:
                 out.write(f"you: {line}\n")
                 out.flush()
+            if idle_gap_s is not None and idle_for(agent.store, agent.conversation) >= idle_gap_s:
+                agent.conversation = end_and_open(agent.store, agent.conversation, "idle",
+                                                  idle_s=idle_for(agent.store, agent.conversation))
+            if new_phrases and stop_intent(line, new_phrases):
+                agent.conversation = end_and_open(agent.store, agent.conversation, "asked", words=line.strip())
+                if new_reply:
+                    await agent.surface.notice(new_reply)
+                continue
             result = await agent.run_turn(line, source="text")
             await agent.summarize_after(result.turn)  # the reply is out: older turns summarised, if due
         tg.cancel_scope.cancel()

@@ -43,7 +43,7 @@ from voice.agent.loop import TurnResult
 from voice.errors import Failed, UsageError
 from voice.log.feed import follow as follow_log
 from voice.log.projections import turn_reply
-from voice.log.conversations import ended, list_conversations
+from voice.log.conversations import NewConversation, ended, list_conversations
 from voice.log.store import EventStore
 from voice.paths import state_dir
 
@@ -158,8 +158,9 @@ class Assistant(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    async def say(self, text: str) -> TurnResult:
-        """A typed turn, answered like a spoken one. Raises
+    async def say(self, text: str) -> TurnResult | NewConversation:
+        """A typed turn, answered like a spoken one (text that only asks for a
+        new conversation runs no turn: what it did). Raises
         anyio.ClosedResourceError/BrokenResourceError when shutting down."""
 
     async def cancel(self) -> bool: ...
@@ -291,6 +292,8 @@ class ControlServer:
                 result = await a.say(text.strip())
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return {"ok": False, "error": "the assistant is shutting down; the turn did not run"}
+            if isinstance(result, NewConversation):  # the text only asked for a new conversation: no turn
+                return _switched(a.store, result.before, result.after)
             reply = turn_reply(a.store, a.conversation, result.turn)
             return {"ok": True, "turn": result.turn, "outcome": result.outcome, "reply": reply.delivered_text}
         if cmd == "cancel":
@@ -316,9 +319,7 @@ class ControlServer:
                 after = await a.new_conversation()
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return {"ok": False, "error": "the assistant is shutting down"}
-            end = ended(a.store, before)
-            return {"ok": True, "conversation": after, "ended": before if after != before else None,
-                    "reason": end.reason if end else None}
+            return _switched(a.store, before, after)
         return {"ok": False, "error": f"unknown command {cmd!r}; known: {', '.join(COMMANDS)}"}
 
     async def _events(self, stream: ByteStream, request: dict[str, Any]) -> None:
@@ -339,6 +340,13 @@ class ControlServer:
         async with aclosing(follow_log(store, after)) as events:
             async for event in events:
                 await self._send(stream, event.to_json())
+
+
+def _switched(store: EventStore, before: str, after: str) -> dict[str, Any]:
+    """The reply to a request that ended the conversation (`new`, or `say` with a new-conversation phrase)."""
+    end = ended(store, before) if after != before else None
+    return {"ok": True, "conversation": after, "ended": before if after != before else None,
+            "reason": end.reason if end else None}
 
 
 async def request(path: Path, payload: dict[str, Any], show: Callable[[dict[str, Any]], None], *,

@@ -33,7 +33,7 @@ def exit_status(cmd: str, first: dict[str, Any]) -> int:
     """0 when the request did what it asked; else `Failed` with the reason."""
     if first.get("ok") is not True:
         raise Failed(f"the daemon refused voice ctl {cmd}: {first.get('error', 'no reason given')}")
-    if cmd == "say" and first.get("outcome") != ev.COMPLETED:
+    if cmd == "say" and "turn" in first and first.get("outcome") != ev.COMPLETED:
         how = {ev.ABORTED: "stopped by the person", ev.INTERRUPTED: "stopped by a shutdown",
                ev.ERROR: "ended in an error (the language model failed)"}.get(first.get("outcome"), "did not complete")
         raise Failed(f"turn {first.get('turn')} {how}")
@@ -59,8 +59,12 @@ def _status(r: dict[str, Any]) -> list[str]:
 
 
 def _say(r: dict[str, Any]) -> list[str]:
-    stopped = " [stopped]" if r.get("outcome") in (ev.ABORTED, ev.INTERRUPTED) else ""
-    return [f"assistant: {r.get('reply', '')}{stopped}"]
+    if "turn" not in r:  # the text only asked for a new conversation
+        return _new(r)
+    stopped = r.get("outcome") in (ev.ABORTED, ev.INTERRUPTED)
+    if not r.get("reply") and not stopped:
+        return []  # nothing was said: the error line (exit_status) tells why
+    return [" ".join(p for p in ("assistant:", r.get("reply"), "[stopped]" if stopped else "") if p)]
 
 
 def _cancel(r: dict[str, Any]) -> list[str]:
@@ -101,7 +105,7 @@ def conversation_lines(conversations: list[dict[str, Any]], current: str | None 
 def _new(r: dict[str, Any]) -> list[str]:
     if not r.get("ended"):
         return [f"conversation: {r.get('conversation')} (nothing said in it yet: it stays)"]
-    return [f"new conversation: {r.get('conversation')} ({r['ended']} ended)"]
+    return [f"started a new conversation: {r.get('conversation')} ({r['ended']} ended)"]
 
 
 def _event(r: dict[str, Any]) -> list[str]:

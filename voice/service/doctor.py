@@ -174,6 +174,32 @@ def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
     return Check("language model", OK, f"{base_url} answers, model {model} listed")
 
 
+# Below this many tokens for the conversation a request holds the newest
+# request and hardly anything before it: an everyday exchange (a question of
+# about 40 characters, a spoken reply of about 200) costs some 90 estimated
+# tokens and a summary of what left the window about 100, so 300 is the
+# summary and two exchanges; less, and the assistant forgets what was said a
+# minute ago, and no summary of the older turns fits.
+MIN_HISTORY_TOKENS = 300
+
+
+def check_context(config: dict[str, Any]) -> Check:
+    """How much of llm.context_tokens is left for the conversation."""
+    from voice.agent.loop import history_budget
+    from voice.agent.tools import default_tools
+    from voice.app import loop_settings
+
+    llm = config["llm"]
+    room = history_budget(loop_settings(config), default_tools(config["tools"]["commands"]).schemas())
+    detail = (f"{room} tokens for the conversation (llm.context_tokens = {llm['context_tokens']}, less the reply's "
+              f"{llm['reply_tokens']}, the system prompt and the tool schemas)")
+    if room < MIN_HISTORY_TOKENS:
+        return Check("context budget", WARN, detail + f": under {MIN_HISTORY_TOKENS}, requests carry little more "
+                     "than the newest request, and no summary of older turns fits",
+                     "raise llm.context_tokens (to what the server's model holds) or lower llm.reply_tokens")
+    return Check("context budget", OK, detail)
+
+
 def check_service(config: dict[str, Any]) -> list[Check]:
     from voice.service.control import socket_path
     from voice.service.unit import unit_path
@@ -215,6 +241,7 @@ def run_doctor(config_path: str | None, llm: str | None = None, load_models: boo
         checks += check_audio(config)
         checks += check_models(config, load_models)
         checks.append(check_llm(config, llm))
+        checks.append(check_context(config))
         checks.append(check_log(config, db))
         checks += check_service(config)
     for check in checks:

@@ -37,6 +37,7 @@ from voice.agent.surface import UnitRef
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.audio.recording import Recorder
 from voice.log import events as ev
+from voice.log.conversations import NewConversation
 from voice.log.events import AudioClock, Body, LateOutput, SpeechSentence
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
@@ -289,7 +290,7 @@ class VoiceSession:
                            "state": gate.state(p.listen.position / MIC_RATE) if gate else "open",
                            "wake_word": self.wake_word}}
 
-    async def say(self, text: str, source: str = "text") -> TurnResult:
+    async def say(self, text: str, source: str = "text") -> TurnResult | NewConversation:
         """A typed turn, answered by voice; returns its result. Raises
         anyio.ClosedResourceError (or BrokenResourceError) when the session is
         shutting down."""

@@ -32,10 +32,10 @@ from voice.agent.loop import AgentLoop, TurnResult
 from voice.agent.preempt import EarlyStart
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev
-from voice.log.conversations import end_conversation, idle_for, last_activity
+from voice.log.conversations import NewConversation, end_and_open, idle_for, last_activity
 from voice.log.events import UserStop
 from voice.log.projections import turn_reply
-from voice.log.store import EventStore, new_conversation_id
+from voice.log.store import EventStore
 from voice.speech.judge import stop_intent
 from voice.speech.settings import ConversationRules
 
@@ -58,6 +58,7 @@ class Request:
     result: TurnResult | None = None
     # A new conversation, asked for: "asked" (the person said so), "new" (`voice ctl new`).
     new: str | None = None
+    switched: NewConversation | None = None  # set once such a request was handled
 
 
 @dataclass
@@ -116,11 +117,14 @@ class TurnRunner:
             self.waiting -= 1
             raise
 
-    async def say(self, text: str, source: str, position: int) -> TurnResult:
-        """A typed turn, answered like a spoken one; returns its result."""
+    async def say(self, text: str, source: str, position: int) -> TurnResult | NewConversation:
+        """A typed turn, answered like a spoken one; returns its result (or,
+        for text that only asks for a new conversation, what that did)."""
         request = Request(text, source, position, position, 0.0, done=anyio.Event())
         await self.submit(request)
         await request.done.wait()
+        if request.switched is not None:
+            return request.switched
         if request.result is None:
             raise anyio.ClosedResourceError("the assistant stopped before this turn ran")
         return request.result
@@ -138,7 +142,27 @@ class TurnRunner:
         """Answer requests until closed (or cancelled: a turn then closes
         `interrupted`, with its heard prefix recorded, and is printed).
         However it ends, what is still queued never starts, and whoever
-        waits on it is told so (`say` raises ClosedResourceError)."""
+        waits on it is told so (`say` raises ClosedResourceError).
+        Meanwhile the idle gap ends the conversation when it passes."""
+        async with anyio.create_task_group() as tg:
+            if self.rules.idle_gap_s is not None:
+                tg.start_soon(self._end_when_idle, self.rules.idle_gap_s)
+            await self._answer()
+            tg.cancel_scope.cancel()
+
+    async def _end_when_idle(self, gap_s: float) -> None:
+        """End the conversation as soon as the idle gap passes, not only at
+        the next request: `voice ctl status`, `history --list` and the log
+        then say it ended. A request queued or running ends it in its place."""
+        while True:
+            last = last_activity(self.store, self.conversation)
+            left = gap_s if last is None else gap_s - idle_for(self.store, self.conversation)
+            if left <= 0 and not self.waiting and self._running is None and not self._closed:
+                self._switch("idle", idle_s=idle_for(self.store, self.conversation))
+                left = gap_s
+            await anyio.sleep(max(0.1, left))
+
+    async def _answer(self) -> None:
         async with self._receive, anyio.create_task_group() as early_tasks:
             self._early_tasks = early_tasks
             try:
@@ -219,7 +243,9 @@ class TurnRunner:
         if request.new is not None:
             if early is not None:  # "start over" asks for no answer
                 self.agent.drop_early(early)
+            before = self.conversation
             self._switch(request.new, words=request.text if request.new == "asked" else None)
+            request.switched = NewConversation(before, self.conversation)
             if self.rules.new_reply and self.notice is not None and request.new == "asked":
                 await self.notice(self.rules.new_reply)
             return
@@ -266,11 +292,9 @@ class TurnRunner:
     def _switch(self, reason: str, *, idle_s: float | None = None, words: str | None = None) -> None:
         """End the conversation (unless nothing happened in it yet) and
         answer from now on in a new one."""
-        if last_activity(self.store, self.conversation) is None:
-            return  # already a fresh conversation
-        end_conversation(self.store, self.conversation, reason, idle_s=idle_s, words=words)
-        self.agent.conversation = new_conversation_id()
-        if self.aside is not None:
+        before = self.conversation
+        self.agent.conversation = end_and_open(self.store, before, reason, idle_s=idle_s, words=words)
+        if self.conversation != before and self.aside is not None:
             self.aside(f"(conversation ended: {reason}; new conversation {self.conversation})")
 
     def _print_reply(self, turn: int) -> None:
