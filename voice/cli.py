@@ -281,7 +281,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
           f"({summary['device']['duration_s']:.1f} s of audio in {summary['device']['wall_s']:.1f} s)")
     for t in summary["turns"]:
         if t["status"] == "aborted":
-            print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in; delivered: {t['delivered_text']!r}")
+            began = {"clip": "its clip's first loud sample", "vad": "the VAD's onset"}.get(t.get("ack_from"), "")
+            print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in began ({began}; the picture's "
+                  f"marks count from the VAD's onset); delivered: {t['delivered_text']!r}")
     if summary["device"]["gave_up"]:
         print(f"voice: warning: {summary['device']['gave_up']}", file=sys.stderr)
     if args.show:

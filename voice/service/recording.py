@@ -38,9 +38,13 @@ from voice.log import events as ev
 from voice.log.events import Event
 from voice.log.store import EventStore
 
-# The settings that decide what a replay does with the same sound (the
-# devices, the model server, paths and commands are the machine's own).
-REPLAYED_SETTINGS = ("vad", "stt", "tts", "barge_in", "listen", "llm.max_steps", "audio.echo_cancellation")
+# The settings that decide what a replay does with the same sound: when
+# speech starts and a turn ends, what is recognised, how a barge-in is
+# judged, when a conversation starts over, and what the model is sent and
+# may do (the devices, the model server, paths and commands are the
+# machine's own). A section named whole keeps the keys it gains later.
+REPLAYED_SETTINGS = ("vad", "turn_end", "stt", "tts", "barge_in", "listen", "conversation", "llm.max_steps",
+                     "llm.context_tokens", "llm.reply_tokens", "llm.system_prompt", "audio.echo_cancellation")
 TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
 
 

@@ -161,7 +161,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
     for info in session.turns:
         reply = turn_reply(store, session.conversation, info.turn)
         span = session.speech_span(info.turn)
-        barge_in_s = ack_ms = None
+        barge_in_s = ack_ms = measured_from = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
             if len(device.scenario.users) == 1 and info.barge_in_onset is not None:
@@ -169,10 +169,12 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
                 onset = info.barge_in_onset
                 barge_in_s = onset / MIC_RATE
                 ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
+                measured_from = "vad"
             if clips:
                 onset = max(p.onset for p in clips)
                 barge_in_s = onset / MIC_RATE
                 ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
+                measured_from = "clip"
         turns.append({
             "turn": info.turn,
             "user_text": reply.user_text,
@@ -181,7 +183,8 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "interrupted": reply.interrupted,
             "status": reply.outcome,
             "barge_in_s": barge_in_s,
-            "ack_ms": ack_ms,
+            "ack_ms": ack_ms,  # the output cleared, this long after the barge-in began:
+            "ack_from": measured_from,  # "clip": its clip's first loud sample; "vad": the VAD's onset
             "stop_s": info.clear_position / MIC_RATE if info.clear_position is not None else None,
             "speech_start_s": span[0] / MIC_RATE if span else None,
             "speech_end_s": span[1] / MIC_RATE if span else None,

@@ -119,7 +119,7 @@ def draw(timeline: TurnTimeline) -> Drawing:
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     mic_ax, speaker_ax, words_ax, marks_ax, tools_ax, latency_ax = axes
     labels = ("microphone\n(before echo\ncancellation)", "speaker\n(what played)", "reply words\nwhere they played",
-              "barge-in", "tool calls", "latency")
+              "barge-in\n(+ms from the\nVAD's onset)", "tool calls", "latency")
     for ax, label in zip(axes, labels):
         ax.set_xlim(timeline.window.start_s, timeline.window.end_s)
         ax.set_yticks([])
