@@ -159,7 +159,7 @@ class EventStore:
                 self._db.close()
                 if isinstance(exc, ValueError):
                     raise
-                raise ValueError(f"cannot read the event log {self.path}: {exc}") from exc
+                raise ValueError(f"cannot open the event log {self.path}: {exc}") from exc
             return
         _prepare(self.path)
         self._db = _open(self.path)
@@ -515,7 +515,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
         return sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, isolation_level=None,
                                check_same_thread=False)
     except sqlite3.Error as exc:
-        raise ValueError(f"cannot read the event log {path}: {exc}") from None
+        raise ValueError(f"cannot open the event log {path}: {exc}") from None
 
 
 def _keep_copy(path: Path) -> Path:

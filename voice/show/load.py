@@ -119,6 +119,8 @@ def from_store(store: EventStore, conversation: str, turn: int) -> TurnTimeline:
             raise UsageError(f"{path / 'summary.json'} is not readable JSON ({exc}): "
                              "run `voice replay` again") from None
     summary_turn = next((t for t in (summary or {}).get("turns", []) if t.get("turn") == turn), None)
+    if summary_turn is not None:  # how the replay's clock ran: "recorded" when inference took no time on it
+        summary_turn = {**summary_turn, "timing": (summary or {}).get("device", {}).get("timing")}
     return from_log(store, conversation, turn, mic=mic, speaker=speaker, summary=summary_turn)
 
 
@@ -195,7 +197,7 @@ class _Builder:
             # recognition ran longer than the wait it left after the decision: it began before it
             speculative=None not in (decided, transcript, recognition_s)
             and recognition_s > transcript - decided + 0.05,
-            replayed=self.summary.get("device", {}).get("timing") == "recorded",
+            replayed=self.summary.get("timing") == "recorded",
         )
         end = self.of_type(ev.TURN_END)
         reply = turn_reply(store, conversation, turn)
