@@ -54,7 +54,6 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     clock.free_compute = scenario.timing == "recorded" and not realtime
-    scenario_timing = {"recorded": scenario.timing == "recorded"}  # a recording: its replies are all there is
     try:  # never over what is there: a state folder's log, a recording replayed into its own folder
         private_directory(out)
     except (ValueError, OSError) as exc:
@@ -102,8 +101,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         run_on_virtual_clock(main(), clock)
     summary = outcome["summary"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    recorded = scenario_timing["recorded"]
-    if recorded and scripted is not None and len(scripted.requests) > len(scripted.replies):
+    if scenario.timing == "recorded" and scripted is not None and len(scripted.requests) > len(scripted.replies):
         # The replay heard a request the recording has no reply for (it went on: that turn failed).
         raise Failed(f"no recorded reply for model request {len(scripted.replies) + 1} (the scenario has "
                      f"{len(scripted.replies)}): the replay asked the model more than the session did; what it "
