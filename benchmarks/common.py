@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -110,6 +111,8 @@ def prefix_error(delivered: str, audio: np.ndarray) -> tuple[int, list[str]]:
 
 def run_replay(scenario: Path, out: Path, *, stt_model: str | None = None, config: Path | None = None,
                realtime: bool = False, timeout: float = 300) -> dict[str, Any]:
+    if out.is_dir():  # the benchmark's own folder from an earlier run (--keep): voice replay wants it new or empty
+        shutil.rmtree(out)
     cmd = [sys.executable, "-m", "voice", "replay", str(scenario), "--out", str(out)]
     if stt_model:
         cmd += ["--stt-model", stt_model]

@@ -441,6 +441,9 @@ def test_history_of_an_empty_db(env, tmp_path):
 
 
 def test_trace_of_a_missing_turn_in_an_empty_db(env, tmp_path):
+    from voice.log.store import EventStore
+
+    EventStore(tmp_path / "empty.db").close()  # a log with no events (a path with no log: tests/test_reading_a_log.py)
     r = voice(env, "trace", "--db", str(tmp_path / "empty.db"), "1")
     assert_one_line_error(r, "no turn 1")
 

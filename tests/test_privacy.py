@@ -92,6 +92,9 @@ def test_a_log_left_readable_by_an_older_version_is_made_private(tmp_path):
     os.chmod(db, 0o644)  # as the code before issue #11 left it
     out = voice(tmp_path, "history", "--db", str(db))
     assert out.returncode == 0, out.stderr
+    assert mode(db) == 0o644  # reading changes nothing (tests/test_reading_a_log.py): a log sent to you stays as it came
+    out = voice(tmp_path, "chat", "--db", str(db), stdin="what time is it\n")  # the assistant writes to it again
+    assert out.returncode == 0, out.stderr
     assert mode(db) == 0o600
 
 

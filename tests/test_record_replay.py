@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import stat
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ def replay(tmp: Path, saved: Path) -> Path:
     done = voice(tmp, "replay", str(saved / "scenario.toml"), "--out", str(out), timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"using the recorded settings in {saved / 'config.toml'}" in done.stderr
+    assert f"wrote {out}/mic.wav, played.wav, events.db, summary.json, requests.json (" in done.stdout  # all it wrote
     return out
 
 
@@ -54,6 +56,9 @@ def test_a_recorded_session_replays_to_the_same_outcome(tmp_path):
     assert private(rec) == {"dir": 0o700, **dict.fromkeys(
         ("mic.wav", "played.wav", "mic_blocks.txt", "recording.json", "events.db", "scenario.toml", "config.toml"),
         0o600)}
+    settings = tomllib.loads((rec / "config.toml").read_text())
+    assert {"vad", "turn_end", "barge_in", "listen", "stt", "conversation"} <= set(settings)  # all that decides
+    assert settings["turn_end"]["end_s"] == 0.45 and settings["stt"]["model"] == "base"
     recorded = read_session(rec / "events.db")
     assert recorded == read_session(daemon.db)  # the copy holds this session's events
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
@@ -119,7 +124,13 @@ def test_a_committed_live_recording_replays_in_ci(tmp_path):
     recording = ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in"
     recorded = read_session(recording / "events.db")
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
-    assert_same_outcome(recorded, read_session(replay(tmp_path, recording) / "events.db"))
+    out = replay(tmp_path, recording)
+    assert_same_outcome(recorded, read_session(out / "events.db"))
+    # The replay's latency is the virtual clock's: its picture says so, beside the parts it changes
+    shown = voice(tmp_path, "show", "1", "--db", str(out / "events.db"), "--out", str(tmp_path / "replayed.html"))
+    assert shown.returncode == 0, shown.stderr
+    page = (tmp_path / "replayed.html").read_text()
+    assert "recognition (free on the replay&#x27;s clock)" in page and "first token (held to the recorded time)" in page
 
 
 def test_voice_show_draws_a_logged_turn_and_says_what_an_older_log_lacks(tmp_path):
@@ -150,3 +161,126 @@ def test_voice_show_bad_input_is_one_line(tmp_path):
     ):
         done = voice(tmp_path, *args)
         assert (done.returncode, done.stderr.strip()) == (2, line)
+
+
+# -- what a hostile tester found (issue #18's review) ------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["a-state-folder", "its-own-recording"])
+def test_replay_never_writes_over_what_is_in_its_out_folder(tmp_path, what):
+    """A state folder's events.db, or a recording replayed into its own
+    folder: refused in one line before the models load, nothing touched."""
+    if what == "a-state-folder":
+        out = tmp_path / "state"
+        out.mkdir()
+        (out / "events.db").write_bytes(b"the person's log")
+        scenario = DEMO
+    else:
+        out = tmp_path / "rec"
+        out.mkdir()
+        for p in (ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in").iterdir():
+            (out / p.name).write_bytes(p.read_bytes())
+        scenario = out / "scenario.toml"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    started = time.monotonic()
+    done = voice(tmp_path, "replay", str(scenario), "--out", str(out))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == (f"voice: error: --out: {out} is not empty: give a new directory, so "
+                                            "recordings are never mixed"), done.stderr
+    assert "loading" not in done.stdout + done.stderr and time.monotonic() - started < 30  # before the models
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_record_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp_path):
+    (tmp_path / "afile").write_text("mine\n")
+    for record, line in (
+        (str(tmp_path / "afile" / "sub"), f"voice: error: --record: cannot create {tmp_path / 'afile' / 'sub'}: "
+                                          f"{tmp_path / 'afile'} is a file, not a directory; give a new directory, "
+                                          "e.g. --record ~/voice-bug"),
+        ("", "voice: error: --record needs a directory (a new or empty one), e.g. --record ~/voice-bug"),
+    ):
+        done = voice(tmp_path, "run", "--replay", str(DEMO), "--record", record)
+        assert (done.returncode, done.stderr.strip()) == (2, line)
+    done = voice(tmp_path, "run", "--replay", str(DEMO), "--record", "/proc/1/voice-rec")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("voice: error: --record: cannot create /proc/1/voice-rec: ")
+    assert "[Errno" not in done.stderr and "give a directory you can write" in done.stderr, done.stderr
+    # start-up fails after the folder was made (the log cannot be opened): the folder goes again
+    deep = tmp_path / "new" / "deep" / "rec"
+    done = voice(tmp_path, "run", "--replay", str(DEMO), "--record", str(deep), "--db", str(tmp_path))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "new").exists()
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def copy_recording(to: Path) -> Path:
+    to.mkdir()
+    for p in (ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in").iterdir():
+        if not p.name.startswith("events.db-"):
+            (to / p.name).write_bytes(p.read_bytes())
+    return to
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_recording_without_the_models_replies_ends_in_one_line_never_a_wait(tmp_path):
+    """What a recording that lost its turns held (see the test below): a
+    request with no recorded reply is said, never sent to the machine's own
+    model (whose answer would be waited for)."""
+    rec = copy_recording(tmp_path / "rec")
+    chunks = (rec / "scenario.toml").read_text().split("\n\n")
+    (rec / "scenario.toml").write_text("\n\n".join(c for c in chunks if "[[reply]]" not in c and "[[play]]" not in c))
+    done = voice(tmp_path, "replay", str(rec / "scenario.toml"), "--out", str(tmp_path / "out"), timeout=300,
+                 VOICE_LLM_BASE_URL="http://127.0.0.1:9/v1")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "voice: error: no recorded reply for model request 1 (the scenario has 0)"), done.stderr
+    assert "Traceback" not in done.stderr and (tmp_path / "out" / "events.db").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ctrl_c_during_a_replay_ends_quietly_and_keeps_what_was_written(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from output_lines import OutputLines
+    from test_service import env_for
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "voice", "replay", str(copy_recording(tmp_path / "rec") / "scenario.toml"),
+                             "--out", str(out)], cwd=ROOT, env=env_for(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = OutputLines(proc)
+    deadline = time.monotonic() + 240
+    while not any(line.startswith("you:") for line in lines.out):  # mid-session: the first turn was heard
+        assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines.err)
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    lines.join()
+    assert not any("Traceback" in line or "error" in line for line in lines.err), "\n".join(lines.err)
+    assert len(lines.err) <= 4, "\n".join(lines.err)  # the recorded-settings and model-loading lines only
+    assert read_session(out / "events.db").turns  # what was written stays
+    assert (out / "mic.wav").stat().st_size > 44
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_saved_ring_keeps_the_turns_of_every_conversation_of_the_session(tmp_path):
+    """`voice ctl new` (or "start over", or the idle gap) mid-session: the
+    saved recording still holds the turns before it, and replays them."""
+    daemon = Daemon(tmp_path / "d", DEMO)
+    try:
+        converse(daemon)
+        assert voice(tmp_path / "d", "ctl", "new").returncode == 0
+        saved = tmp_path / "bug"
+        done = voice(tmp_path / "d", "ctl", "save", str(saved))
+        assert done.returncode == 0, done.stderr
+        assert f"to {saved} (turns: 1, 2); replay it with" in done.stdout, done.stdout
+    finally:
+        assert daemon.stop() < 20, daemon.err_text()
+    recorded = read_session(saved / "events.db")
+    assert [t.outcome for t in recorded.turns] == ["aborted", "completed"]
+    assert (saved / "scenario.toml").read_text().count("[[reply]]") == 2

@@ -99,7 +99,7 @@ def test_a_saved_session_is_a_scenario_of_its_recorded_replies_and_tools(tmp_pat
         ring.add(mic, played)
     config, _ = load_config_with_sources(None)
     try:
-        saved = save_session(tmp_path / "saved", ring, store, CONVERSATION, config, since_seq=0)
+        saved = save_session(tmp_path / "saved", ring, store, config, since_seq=0)
     finally:
         store.close()
     out = tmp_path / "saved"

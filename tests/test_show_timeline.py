@@ -150,9 +150,12 @@ def test_the_barge_in_demo_is_drawn_from_its_log_alone(tmp_path):
     wrote, and agrees with the replay's own account (summary.json, which the
     loader no longer needs)."""
     out = tmp_path / "demo"
-    subprocess.run([sys.executable, "-m", "voice", "replay", str(REPO / "examples/barge-in/scenario.toml"),
-                    "--out", str(out)], check=True, capture_output=True, timeout=240)
+    done = subprocess.run([sys.executable, "-m", "voice", "replay", str(REPO / "examples/barge-in/scenario.toml"),
+                           "--out", str(out)], check=True, capture_output=True, text=True, timeout=240)
     summary = json.loads((out / "summary.json").read_text())["turns"][0]
+    # each time says what it counts from: the replay's from the clip, the picture's marks from the VAD
+    assert (f"turn 1: stopped {summary['ack_ms']} ms after the barge-in began (its clip's first loud sample; "
+            "the picture's marks count from the VAD's onset)") in done.stdout, done.stdout
     (out / "summary.json").unlink()
     t = from_replay_dir(out, summary["turn"])
     assert t.gaps == ()

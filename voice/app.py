@@ -69,12 +69,13 @@ def command_environment(config: dict[str, Any], environ: Mapping[str, str] = os.
     return {n: environ[n] for n in names if n in environ}
 
 
-def open_store(config: dict[str, Any], db: str | Path | None = None) -> EventStore:
+def open_store(config: dict[str, Any], db: str | Path | None = None, *, read_only: bool = False) -> EventStore:
     """The event log at `db`, else the config's, else the XDG default; a log
-    that cannot be opened is one line naming the file and the fix."""
+    that cannot be opened is one line naming the file and the fix.
+    `read_only`: see EventStore (the commands that only read)."""
     path = Path(db or config["paths"]["db"] or default_db())
     try:
-        return EventStore(path)
+        return EventStore(path, read_only=read_only)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

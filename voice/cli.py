@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="replay a scenario's recorded audio through the voice pipeline")
     _common(p, db="refused: the replay's log is always a fresh OUT/events.db")
     p.add_argument("scenario", metavar="SCENARIO.toml")
-    p.add_argument("--out", metavar="DIR", required=True, help="where mic.wav, played.wav, events.db, summary.json go")
+    p.add_argument("--out", metavar="DIR", required=True,
+                   help="a new or empty folder for mic.wav, played.wav, events.db, summary.json, requests.json")
     p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
     p.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model")
     p.add_argument("-v", "--verbose", action="store_true", help="also print what was heard and not acted on")
@@ -160,10 +161,15 @@ def _refuse_db(args: argparse.Namespace, why: str) -> None:
         raise UsageError(f"--db: {why}")
 
 
-def _store(args: argparse.Namespace, config: dict[str, Any]):
+def _store(args: argparse.Namespace, config: dict[str, Any], *, read_only: bool = True):
+    """The log a command reads (history, show, trace, effects): opened
+    read-only, so a mistyped --db is "no such log" and a log someone sent
+    you is never changed. `fork` writes, but into a log that must exist."""
     from voice.app import open_store
 
-    return open_store(config, args.db)
+    if not read_only:
+        open_store(config, args.db, read_only=True).close()  # exists, and is a log
+    return open_store(config, args.db, read_only=read_only)
 
 
 def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -> str:
@@ -250,7 +256,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_fork(args: argparse.Namespace) -> int:
     from voice.log.projections import fork
 
-    store = _store(args, _config(args))
+    store = _store(args, _config(args), read_only=False)
     conv = _conversation_of(store, args, args.turn)
     try:
         new = fork(store, conv, args.turn)
@@ -274,11 +280,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"using the recorded settings in {recorded}", file=sys.stderr)
     summary = run_replay(Path(args.scenario), Path(args.out), _config(args), realtime=args.realtime,
                          stt_model=args.stt_model, verbose=args.verbose)
-    print(f"wrote {args.out}/mic.wav, played.wav, events.db, summary.json "
+    wrote = "events.db, summary.json" + (", requests.json" if (Path(args.out) / "requests.json").is_file() else "")
+    print(f"wrote {args.out}/mic.wav, played.wav, {wrote} "
           f"({summary['device']['duration_s']:.1f} s of audio in {summary['device']['wall_s']:.1f} s)")
     for t in summary["turns"]:
         if t["status"] == "aborted":
-            print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in; delivered: {t['delivered_text']!r}")
+            began = {"clip": "its clip's first loud sample", "vad": "the VAD's onset"}.get(t.get("ack_from"), "")
+            print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in began ({began}; the picture's "
+                  f"marks count from the VAD's onset); delivered: {t['delivered_text']!r}")
     if summary["device"]["gave_up"]:
         print(f"voice: warning: {summary['device']['gave_up']}", file=sys.stderr)
     if args.show:
@@ -300,6 +309,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     if args.out is None and args.png is None:
         raise UsageError("voice show needs --out FILE.html or --png FILE.png (or both)")
+    for path in (args.out, args.png):  # both, before either is written: never a page without its PNG
+        if path is not None:
+            _check_writable(Path(path))
     store = _store(args, _config(args))
     conv = _conversation_of(store, args, args.turn)
     timeline = from_store(store, conv, args.turn)
@@ -315,11 +327,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(path: Path) -> None:
+    """A file we are about to write can be: its folder exists and takes it."""
+    folder = path.parent
+    why = ("Is a directory" if path.is_dir() else "No such file or directory" if not folder.is_dir()
+           else "Permission denied" if not os.access(folder, os.W_OK | os.X_OK)
+           or (path.exists() and not os.access(path, os.W_OK)) else None)
+    if why is not None:
+        raise UsageError(f"cannot write {path}: {why}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from voice.service.daemon import run_daemon
 
+    if args.record is not None and not args.record.strip():
+        raise UsageError("--record needs a directory (a new or empty one), e.g. --record ~/voice-bug")
     return run_daemon(_config(args), args.db, args.llm, Path(args.replay) if args.replay else None,
-                      verbose=args.verbose, record=Path(args.record) if args.record else None)
+                      verbose=args.verbose, record=Path(args.record).expanduser() if args.record is not None else None)
 
 
 def cmd_acp(args: argparse.Namespace) -> int:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -121,14 +123,42 @@ class AutojumpEventLoop(asyncio.SelectorEventLoop):
 def run_on_virtual_clock(main: Coroutine[Any, Any, T], clock: VirtualClock) -> T:
     """Run `main` on an autojump loop. The clock must already be installed."""
     loop = AutojumpEventLoop(clock)
+    interrupted = False
     try:
         asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
+        task = loop.create_task(main)
+
+        def on_interrupt(signum: int, frame: Any) -> None:
+            # Ctrl-C cancels the main task, as asyncio.run does: a KeyboardInterrupt raised
+            # in the middle of the loop would leave its scopes to be closed from another task.
+            nonlocal interrupted
+            if interrupted:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            interrupted = True
+            loop.call_soon_threadsafe(task.cancel)
+
+        previous = signal.signal(signal.SIGINT, on_interrupt) if _main_thread() else None
+        try:
+            result = loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if interrupted:  # the main task ended early, as it was asked to
+            raise KeyboardInterrupt
+        return result
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.run_until_complete(loop.shutdown_default_executor())
         asyncio.set_event_loop(None)
         loop.close()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 async def run_blocking(func: Any, *args: Any) -> Any:

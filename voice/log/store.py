@@ -142,9 +142,27 @@ class EventStore:
     untyped path, kept until every writer records bodies. Every committed
     row is also handed to the store's subscribers (`subscribe()`)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        """`read_only`: for commands that only read (history, show, trace,
+        effects): the log must exist, and nothing of it is changed, not its
+        schema (an older one reads as it is: each step only added indexes
+        and checks), not its mode; a log someone sent you stays as it came."""
         self.path = Path(path)
         self.feed = EventFeed()
+        self.read_only = read_only
+        if read_only:
+            self._db = _open_read_only(self.path)
+            try:
+                self._check_version()
+                self._check_integrity()
+                if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
+                    raise ValueError(f"{self.path} is not an event log (it has no events)")
+            except (sqlite3.DatabaseError, ValueError) as exc:
+                self._db.close()
+                if isinstance(exc, ValueError):
+                    raise
+                raise ValueError(f"cannot open the event log {self.path}: {exc}") from exc
+            return
         _prepare(self.path)
         self._db = _open(self.path)
         try:
@@ -501,6 +519,31 @@ def _open(path: Path) -> sqlite3.Connection:
         db.close()
     raise LogDamaged(f"the event log {path} was damaged: {damage.reason}; the files as found are kept in {copy}, "
                      "and the next start continues from what was readable", copy)
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """Connect without the right to write: a missing log is "no such log"
+    (never a new empty one), and a damaged write-ahead log is said, not
+    repaired (a command that writes does that, keeping a copy)."""
+    if path.is_dir():
+        raise ValueError(f"the event log {path} is a directory, not a file: name a file in it, e.g. {path / 'events.db'}")
+    if not path.is_file():
+        raise ValueError(f"no such log: {path} (check the path; voice chat or voice run --db {path} starts a new one)")
+    damage = None if in_use(path) else find_damage(path)
+    if damage is not None:
+        raise ValueError(f"the event log {path} has a damaged write-ahead log ({damage.reason}); reading it would "
+                         f"drop events: run `voice chat --db {path}` once, which keeps a copy and continues from "
+                         "what is readable")
+    # Without a write-ahead log (a log at rest: closed cleanly, or sent by
+    # someone) it is read as an immutable file: a read-only connection would
+    # still leave an empty -wal and a -shm beside it. With one (a service is
+    # writing it now), the -shm is how readers see its newest commits.
+    mode = "mode=ro" if Path(f"{path}-wal").exists() else "mode=ro&immutable=1"
+    try:
+        return sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, isolation_level=None,
+                               check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise ValueError(f"cannot open the event log {path}: {exc}") from None
 
 
 def _keep_copy(path: Path) -> Path:

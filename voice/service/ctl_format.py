@@ -77,6 +77,10 @@ def _mute(r: dict[str, Any]) -> list[str]:
 
 def _save(r: dict[str, Any]) -> list[str]:
     turns = ", ".join(map(str, r.get("turns", []))) or "none"
+    early = r.get("before_start") or []
+    if early:  # the ring keeps the last [record] ring_s seconds: a longer turn's start has left it
+        turns += (f"; left out: turn {', '.join(map(str, early))}, which began before the recording did "
+                  "(raise [record] ring_s, or record the whole session with voice run --record DIR)")
     return [f"saved {r.get('seconds')} s of sound and the log to {r.get('directory')} (turns: {turns}); "
             f"replay it with: voice replay {r.get('directory')}/scenario.toml --out OUT"]
 

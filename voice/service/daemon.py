@@ -56,10 +56,40 @@ def _recorder(config: dict[str, Any], record: Path | None):
 
     if record is None:
         return Recorder.ring(config["record"]["ring_s"])
+    blocker = next((p for p in record.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"--record: cannot create {record}: {blocker} is a file, not a directory; "
+                         "give a new directory, e.g. --record ~/voice-bug")
     try:
         return Recorder.to_directory(record)
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         raise UsageError(f"--record: {exc}") from None
+    except OSError as exc:  # one line, not "[Errno 13] ...": what failed and what to do
+        raise UsageError(f"--record: cannot create {exc.filename or record}: {exc.strerror or exc}; give a "
+                         "directory you can write, e.g. --record ~/voice-bug") from None
+
+
+def _made_by_us(record: Path | None) -> Path | None:
+    """The outermost folder of `record` that does not exist yet: what a start-up
+    that fails must take away again (None when `record` is there already)."""
+    if record is None or record.exists():
+        return None
+    made = record
+    while not made.parent.exists():
+        made = made.parent
+    return made
+
+
+def _undo_recording(recorder, record: Path, made: Path | None) -> None:
+    """Start-up failed: nothing was recorded, so nothing of the recording stays."""
+    import shutil
+
+    recorder.close()
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for name in ("mic.wav", "played.wav", "mic_blocks.txt"):  # the folder was there, empty: empty it again
+        (record / name).unlink(missing_ok=True)
 
 
 def _how_to_talk(session) -> str:
@@ -98,7 +128,6 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     from voice.speech.settings import VoiceSettings
 
     checked_socket_path(config)  # a socket directory that is not private fails before the models load
-    recorder = _recorder(config, record)  # so does a --record directory it cannot use
     running: list[Any] = []  # the session, once built (the replay device asks it whether all is quiet)
     device, scenario = _open_device(config, replay, idle=lambda: bool(running) and running[0].idle())
     settings = VoiceSettings.from_config(config)
@@ -107,7 +136,12 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
     llm: Any = (scenario.scripted_provider(clock=lambda: device.position / MIC_RATE) if scenario is not None
                 else None) or llm_spec
 
+    made = _made_by_us(record)
+    recorder = _recorder(config, record)  # a --record directory it cannot use fails before the models load
+    started = False  # until the session listens: a start-up that fails takes its recording folder away
+
     async def main() -> None:
+        nonlocal started
         async with open_app(config, db=db, llm=llm, notice=_stderr) as app:  # a bad --llm fails before the models load
             models = load_models(config, device.out_rate, echo_cancellation=config["audio"]["echo_cancellation"],
                                  echo_required=False)
@@ -125,7 +159,7 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 if record is not None:
                     raise ValueError(f"this session records everything to {record}: it is complete there once "
                                      "the service stops")
-                return save_session(directory, recorder, app.store, session.conversation, as_run(session),
+                return save_session(directory, recorder, app.store, as_run(session),
                                     since_seq=since)
 
             control = ControlServer(session, config, save=save)
@@ -149,18 +183,24 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 await tg.start(control.serve)
                 await tg.start(run_session)  # returns once mic audio reaches the VAD
                 notify("READY=1")
+                started = True
                 _stderr(f"listening ({device.describe()}); {_how_to_talk(session)}; control socket {control.path}")
                 interval = watchdog_interval()
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
                     tg.start_soon(watchdog, lambda: session.listen.position, interval)
             if record is not None:  # the session has ended: its events and scenario join the sound
                 try:
-                    saved = save_session(record, recorder, app.store, session.conversation, as_run(session),
+                    saved = save_session(record, recorder, app.store, as_run(session),
                                          since_seq=since)
                 except (OSError, ValueError) as exc:  # the sound is there already; say what is missing
                     raise Failed(f"the recording in {record} lacks its log and scenario: {exc}") from None
                 _stderr(f"recorded {saved['seconds']} s to {record}; replay it with: "
                         f"voice replay {record}/scenario.toml --out OUT")
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    except BaseException:
+        if record is not None and not started:
+            _undo_recording(recorder, record, made)
+        raise
     return 0

@@ -5,7 +5,7 @@ DIR` writes from the in-memory ring, in one directory (0700, files 0600):
                           speaker played, 16 kHz (voice.audio.recording)
     mic_blocks.txt        the size of each mic block the device delivered
     recording.json        where each track starts on the device clock
-    events.db             this session's events of the conversation (a copy)
+    events.db             this session's events, of every conversation it held (a copy)
     scenario.toml         `voice replay DIR/scenario.toml --out OUT` runs it again
     config.toml           the settings that decide the outcome (replay reads it)
 
@@ -38,22 +38,31 @@ from voice.log import events as ev
 from voice.log.events import Event
 from voice.log.store import EventStore
 
-# The settings that decide what a replay does with the same sound (the
-# devices, the model server, paths and commands are the machine's own).
-REPLAYED_SETTINGS = ("vad", "stt", "tts", "barge_in", "listen", "llm.max_steps", "audio.echo_cancellation")
+# The settings that decide what a replay does with the same sound: when
+# speech starts and a turn ends, what is recognised, how a barge-in is
+# judged, when a conversation starts over, and what the model is sent and
+# may do (the devices, the model server, paths and commands are the
+# machine's own). A section named whole keeps the keys it gains later.
+REPLAYED_SETTINGS = ("vad", "turn_end", "stt", "tts", "barge_in", "listen", "conversation", "llm.max_steps",
+                     "llm.context_tokens", "llm.reply_tokens", "llm.system_prompt", "audio.echo_cancellation")
 TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
 
 
-def save_session(directory: Path, recorder: Recorder, store: EventStore, conversation: str, config: dict[str, Any],
+def save_session(directory: Path, recorder: Recorder, store: EventStore, config: dict[str, Any],
                  *, since_seq: int) -> dict[str, Any]:
-    """Write the recording, its events (those after `since_seq`), the
-    scenario and the config into `directory`; returns what was saved."""
+    """Write the recording, the session's events (those after `since_seq`,
+    of every conversation it held: `voice ctl new`, "start over" and the
+    idle gap switch conversations mid-session, and the sound spans them
+    all), the scenario and the config into `directory`; returns what was
+    saved, with the spoken turns left out because they began before the
+    recording did (`before_start`: a ring shorter than the turn)."""
     info = recorder.save(directory)
-    events = store.events(conversation, after_seq=since_seq)
+    events = store.events(after_seq=since_seq)
     _copy_events(directory / "events.db", events)
     mic_start = info["mic_start"]
     duration_s = _wav_seconds(directory / "mic.wav")
-    turns = [t for t in _voice_turns(events) if t[1] >= mic_start]
+    spoken = _voice_turns(events)
+    turns = [t for t in spoken if t[1] >= mic_start]
     kept = {turn for turn, _ in turns}
     replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
     plays = _plays(events, [turn for turn, _ in turns], mic_start / MIC_RATE)
@@ -61,7 +70,7 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, convers
                                                        blocks=(directory / BLOCKS).is_file()))
     _write(directory / "config.toml", config_toml(config))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": [t for t, _ in turns],
-            "mic_start": mic_start}
+            "before_start": [t for t, start in spoken if start < mic_start], "mic_start": mic_start}
 
 
 def _write(path: Path, text: str) -> None:

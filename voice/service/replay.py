@@ -2,7 +2,9 @@
 live service runs, with the replay device on the autojump clock.
 
 Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock),
-DIR/events.db and DIR/summary.json.
+DIR/events.db and DIR/summary.json (and DIR/requests.json, what the scripted
+model was sent). DIR must be new or empty: a replay never writes over a log
+or a recording.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.device import MIC_RATE
-from voice.errors import UsageError
+from voice.errors import Failed, UsageError
 
 
 
@@ -39,6 +41,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
     from voice.agent.providers import open_provider
     from voice.agent.providers.scripted import ScriptedProvider
     from voice.app import open_app
+    from voice.audio.recording import private_directory
     from voice.audio.replay_device import ReplayDevice
     from voice.audio.wav import write_wav
     from voice.log.store import EventStore, new_conversation_id
@@ -51,9 +54,10 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     clock.free_compute = scenario.timing == "recorded" and not realtime
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("events.db", "events.db-wal", "events.db-shm"):
-        (out / name).unlink(missing_ok=True)
+    try:  # never over what is there: a state folder's log, a recording replayed into its own folder
+        private_directory(out)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--out: {_reason(exc)}") from None
     aec_on = scenario.echo_cancellation if scenario.echo_cancellation is not None else config["audio"]["echo_cancellation"]
     settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
     running: list[Any] = []
@@ -80,10 +84,12 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
                                           keep=None)  # a replay is finite: its summary reads every turn
             running.append(session)
             started = time.perf_counter()
-            await session.run()
+            try:
+                await session.run()
+            finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
+                write_wav(out / "mic.wav", device.mic(), MIC_RATE)
+                write_wav(out / "played.wav", device.played(), MIC_RATE)
             wall = time.perf_counter() - started
-            write_wav(out / "mic.wav", device.mic(), MIC_RATE)
-            write_wav(out / "played.wav", device.played(), MIC_RATE)
             outcome["summary"] = _summary(session, device, app.store, wall)
             if isinstance(app.provider, ScriptedProvider):  # what the model was really sent, for parity checks
                 (out / "requests.json").write_text(
@@ -95,7 +101,18 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         run_on_virtual_clock(main(), clock)
     summary = outcome["summary"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    if scenario.timing == "recorded" and scripted is not None and len(scripted.requests) > len(scripted.replies):
+        # The replay heard a request the recording has no reply for (it went on: that turn failed).
+        raise Failed(f"no recorded reply for model request {len(scripted.replies) + 1} (the scenario has "
+                     f"{len(scripted.replies)}): the replay asked the model more than the session did; what it "
+                     f"did is in {out}")
     return summary
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return f"cannot create {exc.filename or 'the folder'}: {exc.strerror or exc}"
+    return str(exc)
 
 
 class _OnVirtualClock:
@@ -144,7 +161,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
     for info in session.turns:
         reply = turn_reply(store, session.conversation, info.turn)
         span = session.speech_span(info.turn)
-        barge_in_s = ack_ms = None
+        barge_in_s = ack_ms = measured_from = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
             if len(device.scenario.users) == 1 and info.barge_in_onset is not None:
@@ -152,10 +169,12 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
                 onset = info.barge_in_onset
                 barge_in_s = onset / MIC_RATE
                 ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
+                measured_from = "vad"
             if clips:
                 onset = max(p.onset for p in clips)
                 barge_in_s = onset / MIC_RATE
                 ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
+                measured_from = "clip"
         turns.append({
             "turn": info.turn,
             "user_text": reply.user_text,
@@ -164,7 +183,8 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "interrupted": reply.interrupted,
             "status": reply.outcome,
             "barge_in_s": barge_in_s,
-            "ack_ms": ack_ms,
+            "ack_ms": ack_ms,  # the output cleared, this long after the barge-in began:
+            "ack_from": measured_from,  # "clip": its clip's first loud sample; "vad": the VAD's onset
             "stop_s": info.clear_position / MIC_RATE if info.clear_position is not None else None,
             "speech_start_s": span[0] / MIC_RATE if span else None,
             "speech_end_s": span[1] / MIC_RATE if span else None,
@@ -182,6 +202,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
                      "early_starts": session.parts.turns.early_starts, "early_used": session.parts.turns.early_used},
         "device": {
             "echo_cancellation": session.echo is not None,
+            "timing": device.scenario.timing,  # "recorded": inference took no time on this clock
             "duration_s": duration,
             "wall_s": round(wall, 2),
             "speedup": round(duration / wall, 2) if wall else None,

@@ -100,9 +100,11 @@ class Scenario:
     def scripted_provider(self, clock=None) -> ScriptedProvider | None:
         """The scenario's own model (its [[reply]] list or scripted file), if it
         has one; `clock` gives the seconds its replies' `at_s` count on."""
-        if self.replies is None:
+        if self.replies is None and self.timing != "recorded":
             return None
-        return ScriptedProvider(list(self.replies), name=self.path.name, clock=clock)
+        # A recording's model is the replies it recorded, none if it has none:
+        # never the machine's own model (a request it did not record is an error, not a wait).
+        return ScriptedProvider(list(self.replies or ()), name=self.path.name, clock=clock)
 
 
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:

@@ -86,7 +86,7 @@ def from_replay_dir(path: str | Path, turn: int) -> TurnTimeline:
     if not db.is_file():
         raise UsageError(f"{path} has no events.db: give the --out directory of `voice replay` or a recording")
     try:
-        store = EventStore(db)
+        store = EventStore(db, read_only=True)
     except ValueError as exc:  # not a log, or one written by a newer voice
         raise UsageError(str(exc)) from None
     try:
@@ -119,6 +119,8 @@ def from_store(store: EventStore, conversation: str, turn: int) -> TurnTimeline:
             raise UsageError(f"{path / 'summary.json'} is not readable JSON ({exc}): "
                              "run `voice replay` again") from None
     summary_turn = next((t for t in (summary or {}).get("turns", []) if t.get("turn") == turn), None)
+    if summary_turn is not None:  # how the replay's clock ran: "recorded" when inference took no time on it
+        summary_turn = {**summary_turn, "timing": (summary or {}).get("device", {}).get("timing")}
     return from_log(store, conversation, turn, mic=mic, speaker=speaker, summary=summary_turn)
 
 
@@ -183,13 +185,19 @@ class _Builder:
         marks = self._marks()
         tools = self._tools()
         first_audio = self._first_audio()
+        decided = utterance.end_s if utterance else None
+        transcript = self._transcript_s(decided, recognition_s)
         latency = Latency(
             speech_end_s=speech_end_s,
-            decided_s=utterance.end_s if utterance else None,
-            transcript_s=(utterance.end_s + recognition_s) if utterance and utterance.end_s is not None
-            and recognition_s is not None else None,
+            decided_s=decided,
+            transcript_s=transcript,
             first_token_s=self._first_token(),
             first_audio_s=first_audio,
+            recognition_ms=recognition_s * 1000 if recognition_s is not None else None,
+            # recognition ran longer than the wait it left after the decision: it began before it
+            speculative=None not in (decided, transcript, recognition_s)
+            and recognition_s > transcript - decided + 0.05,
+            replayed=self.summary.get("timing") == "recorded",
         )
         end = self.of_type(ev.TURN_END)
         reply = turn_reply(store, conversation, turn)
@@ -236,6 +244,19 @@ class _Builder:
             return Utterance(text, s["user_start_s"], s["user_end_s"]), s.get("stt_s")
         self.gaps.append("utterance span and recognition time: not in the log (user/message has no \"audio\")")
         return Utterance(text), None
+
+    def _transcript_s(self, decided: float | None, recognition_s: float | None) -> float | None:
+        """When the words were known: the turn starts once recognition is done,
+        so its turn/start on the device clock, where the clock is known (with
+        speculative recognition, the recognition began before the end of turn
+        and is done sooner than its own duration after it); else the end of
+        turn plus the recognition time."""
+        start = next(iter(self.of_type(ev.TURN_START)), None)
+        if self.clock is not None and start is not None and decided is not None:
+            return max(decided, self.clock.at(start.at_mono))
+        if decided is None or recognition_s is None:
+            return None
+        return decided + recognition_s
 
     def _estimate_clock(self, utterance: Utterance | None, recognition_s: float | None) -> None:
         start = next(iter(self.of_type(ev.TURN_START)), None)
@@ -404,13 +425,15 @@ class _Builder:
             times += [t for t in (utterance.start_s, utterance.end_s) if t is not None]
         if end and self.clock is not None:
             times.append(self.clock.at(end[0].at_mono))
+        # Never an empty span (a typed turn, no recording: nothing has a time):
+        # the axes need one, and a zero-width one draws as -0.04..0.04 s.
+        least = CONTEXT_S + CONTEXT_AFTER_S
         if not times:
-            total = recording.end_s if recording else 0.0
-            return Span(0.0, total)
+            return Span(0.0, max(recording.end_s if recording else 0.0, least))
         start, stop = max(0.0, min(times) - CONTEXT_S), max(times) + CONTEXT_AFTER_S
         if recording is not None:
             stop = min(stop, recording.end_s)
-        return Span(start, max(stop, start))
+        return Span(start, max(stop, start + least))
 
 
 def _placed(start: int, offset: int, pauses: list[tuple[int, int | None]]) -> int:

@@ -119,7 +119,7 @@ def draw(timeline: TurnTimeline) -> Drawing:
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     mic_ax, speaker_ax, words_ax, marks_ax, tools_ax, latency_ax = axes
     labels = ("microphone\n(before echo\ncancellation)", "speaker\n(what played)", "reply words\nwhere they played",
-              "barge-in", "tool calls", "latency")
+              "barge-in\n(+ms from the\nVAD's onset)", "tool calls", "latency")
     for ax, label in zip(axes, labels):
         ax.set_xlim(timeline.window.start_s, timeline.window.end_s)
         ax.set_yticks([])
@@ -369,8 +369,9 @@ def _latency(d: Drawing, ax, timeline: TurnTimeline) -> None:
         ms = (end - start) * 1000
         colour = LATENCY_COLOURS[Latency.NAMES.index(name.split(" + ")[-1])]  # a part keeps its colour
         ax.barh(0.5, end - start, left=start, height=0.6, color=colour, edgecolor="white", gid=gid)
-        d.note(gid, f"{name}: {ms:.0f} ms ({start:.2f}–{end:.2f} s)")
-        labels.append((f"{name} {ms:.0f} ms", colour, start, end))
+        shown = timeline.latency.label(name)
+        d.note(gid, f"{shown}: {ms:.0f} ms ({start:.2f}–{end:.2f} s)")
+        labels.append((f"{shown} {ms:.0f} ms", colour, start, end))
     inside = []
     for text, _, start, end in labels:
         label = ax.text((start + end) / 2, 0.5, text, ha="center", va="center", fontsize=8)
@@ -463,7 +464,7 @@ def _facts(t: TurnTimeline) -> str:
     parts = t.latency.parts()
     if parts:
         out.append(_table("latency", "Latency", ("part", "took"),
-                          [(name, f"{(end - start) * 1000:.0f} ms") for name, start, end in parts]))
+                          [(t.latency.label(name), f"{(end - start) * 1000:.0f} ms") for name, start, end in parts]))
     if t.gaps:
         items = "".join(f"<li>{e(g)}</li>" for g in t.gaps)
         out.append(f'<section id="gaps"><h2>Not in this log</h2><ul>{items}</ul></section>')

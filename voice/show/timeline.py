@@ -125,8 +125,26 @@ class Latency:
     transcript_s: float | None = None  # recognition finished
     first_token_s: float | None = None  # the model's first text token arrived
     first_audio_s: float | None = None  # the reply's first sample was handed to the speaker
+    # What a part's length alone would misstate, said beside its name: how long
+    # recognition itself took when it began before the end of turn (speculative
+    # recognition), and a replay on the virtual clock (recognition costs nothing
+    # there; the model's recorded reply is held until its recorded time).
+    recognition_ms: float | None = None
+    speculative: bool = False
+    replayed: bool = False
 
     NAMES = ("end of turn", "recognition", "first token", "first audio")
+
+    def label(self, name: str) -> str:
+        """A part's name as the picture shows it (`name` as parts() gives it)."""
+        notes = []
+        if "recognition" in name and self.speculative and self.recognition_ms is not None:
+            notes.append(f"ran {self.recognition_ms:.0f} ms, begun before the end of turn")
+        if self.replayed and "recognition" in name:
+            notes.append("free on the replay's clock")
+        if self.replayed and "first token" in name:
+            notes.append("held to the recorded time")
+        return name + (f" ({'; '.join(notes)})" if notes else "")
 
     def milestones(self) -> list[tuple[str, float | None]]:
         """(the part that ends at this milestone, its time), in order."""
