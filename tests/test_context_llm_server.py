@@ -10,20 +10,14 @@ import io
 
 import pytest
 
-from llm_server import missing, running_server
+from llm_server import running_server, server_marks
 from voice.agent.loop import AgentLoop, LoopSettings
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 from voice.agent.tools import default_tools
 from voice.log import events as ev
 from voice.surfaces.text import TextSurface
 
-_MISSING = missing()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.llm_server,
-    pytest.mark.anyio,
-    pytest.mark.skipif(_MISSING is not None, reason=f"no real model server: {_MISSING}"),
-]
+pytestmark = server_marks()
 C = "c-llama"
 
 

@@ -17,7 +17,7 @@ import time
 import anyio
 import pytest
 
-from llm_server import missing, running_server
+from llm_server import running_server, server_marks
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 from voice.agent.tools import ToolRegistry, default_tools
@@ -28,13 +28,7 @@ from voice.surfaces.text import TextSurface
 
 from conftest import printed_reply, run_and_cancel_when
 
-_MISSING = missing()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.llm_server,
-    pytest.mark.anyio,
-    pytest.mark.skipif(_MISSING is not None, reason=f"no real model server: {_MISSING}"),
-]
+pytestmark = server_marks()
 
 PLANETS = "List the inner planets of the solar system, one line each, with one fact about each."
 
