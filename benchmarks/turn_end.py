@@ -13,7 +13,8 @@ into (more than one is a false split: every clip is one utterance), the
 end-of-turn delay (speech end -> decision), recognition left after the
 end of turn (0 when the speculative transcript was used), and the word
 error of the transcript used against the clip's transcript, next to
-today's rule (stop_secs silence, then a full recognition).
+today's rule (stop_secs silence, then a full recognition). Either way the
+audio recognised is `TurnEndTracker.speech`: the voiced blocks and 50 ms after.
 
 With `--smart-turn`, pipecat's smart-turn v3 (its ONNX model ships in the
 wheel) also scores every speculation point, for comparison only.
@@ -119,7 +120,7 @@ def run_clip(clip: dict, stt, settings, vad, stop_phrases, smart=None, latency_s
                 if pending is not None:
                     text, stt_after = pending.result().text, max(0.0, (pending._ready_at - block_no) * BLOCK / RATE)
                 else:
-                    t = stt.transcribe(np.frombuffer(bytes(utterance), np.int16).astype(np.float32) / 32768.0)
+                    t = stt.transcribe(np.frombuffer(tracker.speech(utterance), np.int16).astype(np.float32) / 32768.0)
                     text, stt_after = t.text, t.seconds if latency_s is None else latency_s
             ends.append(dict(at=round(at, 3), early=early, text=text, stt_after_s=round(stt_after, 3),
                              speculations=tracker.started))

@@ -419,3 +419,19 @@ def test_verbose_shows_speech_ignored_for_lack_of_the_wake_word(replays):
     out = replays("wake_word")
     ignored = [ln for ln in _transcript(out) if "without the wake word" in ln]
     assert len(ignored) == 2, _transcript(out)  # "tell me about London", and the note after the window closed
+
+
+def test_a_barge_in_with_no_reply_to_cut_is_said_as_a_request(replays):
+    """The scenario clip timed from a reply that never came (its request was
+    only "Stop.") is still said, 2 s into the silence, and answered: a long
+    replay never waits forever on a request the recogniser made nothing of."""
+    out = replays("nothing_to_cut")
+    (turn,) = summary(out)["turns"]
+    assert "time" in words(turn["user_text"]) and turn["status"] == ev.COMPLETED, turn
+    assert turn["delivered_text"] == "It is noon."
+    (stop,) = _speech_events(out, ev.USER_STOP)
+    assert stop.payload["intent"] == "stop" and stop.turn is None
+    device = summary(out)["device"]
+    assert device["gave_up"] is None and device["duration_s"] < 20, device
+    stop_clip, request = device["clips"]
+    assert 2.0 <= request["start_s"] - (stop_clip["start_s"] + 1.0) < 4.0, device["clips"]  # after 2 s of quiet

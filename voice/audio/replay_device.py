@@ -82,6 +82,10 @@ class PlacedClip:
 
 #: Tick lateness figures kept when the device does not record (the newest: 60 s).
 KEEP_TICKS = 3000
+#: A barge-in clip whose previous clip got no reply at all waits this long in
+#: silence, then is said anyway (as a request): a long soak never stalls on a
+#: request the recogniser heard as nothing.
+NOTHING_TO_CUT_S = 2.0
 
 
 @dataclass
@@ -105,6 +109,7 @@ class ReplayDevice:
     gave_up: str | None = None
     _echo: "_EchoPath | None" = None
     _audible_from: int = 0  # placed clips before this one have ended: mixing skips them
+    _quiet_since: int | None = None  # idle since this position, the previous clip over (NOTHING_TO_CUT_S)
 
     def __post_init__(self) -> None:
         if self.record is None:
@@ -179,7 +184,16 @@ class ReplayDevice:
                 self.placed.append(PlacedClip(clip, self.position + seconds))
             return
         reply_start = next((s for s in self.buffer.starts if s >= previous.onset), None)
+        if not self.idle():
+            self._quiet_since = None
+        elif self._quiet_since is None or self._quiet_since < previous.end:
+            self._quiet_since = self.position
         if reply_start is None:
+            if (clip.when == "barge_in_after" and self._quiet_since is not None
+                    and self.position - self._quiet_since >= NOTHING_TO_CUT_S * MIC_RATE):
+                # Nothing answered the previous clip: there is no reply to talk over, and
+                # waiting for one would end the scenario. It is said as the next request.
+                self.placed.append(PlacedClip(clip, self.position))
             return  # the reply has not started playing yet
         if clip.when == "barge_in_after":
             self.placed.append(PlacedClip(clip, reply_start + seconds - clip.onset))

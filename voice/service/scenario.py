@@ -7,6 +7,7 @@
     [[user]]
     audio = "stop_and_ask.wav"
     barge_in_after = 2.4              # seconds after the previous reply's first played sample
+                                      # (no reply at all, 2 s of quiet: said then, as a request)
     [[user]]
     audio = "thanks.wav"
     after_reply = 0.8                 # seconds after the previous reply finished playing

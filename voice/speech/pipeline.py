@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
@@ -43,9 +43,15 @@ from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
 from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
+# The person's utterance and its words are never dropped by an interruption
+# (pipecat's InterruptionFrame cancels what a stage is doing): a barge-in
+# stops the assistant, and the words that made it are still to be judged.
+
+
 @dataclass
 class UtteranceFrame(DataFrame):
-    audio: bytes  # int16 mono 16 kHz, with pre-roll
+    interruptible: bool = field(default=False, init=False)
+    audio: bytes  # int16 mono 16 kHz, with pre-roll, to `speculate_s` after its last voiced block
     start: int  # mic sample position of the speech onset (estimated)
     end: int  # mic sample position where the end of turn was decided
     # The speculative recognition of exactly this audio (voice.speech.turn_end):
@@ -56,6 +62,7 @@ class UtteranceFrame(DataFrame):
 
 @dataclass
 class UserTextFrame(DataFrame):
+    interruptible: bool = field(default=False, init=False)
     text: str
     start: int
     end: int
@@ -183,20 +190,23 @@ class ListenProcessor(FrameProcessor):
             await self.push_frame(UserStartedSpeakingFrame())
             self._barge_in = self._events.user_started(self._onset)
             self.turn_end.reset()
+        # The end-of-turn tracker sees every block of the utterance (its voiced
+        # blocks are the audio recognised), the one that confirms a barge-in too.
+        ended = self.speaking and (state == VADState.QUIET or self._complete_turn(n, voiced))
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
         if self._events.barge_in_block(n, voiced, self.position + n):
             await self.push_frame(InterruptionFrame())
-        elif self.speaking and (state == VADState.QUIET or self._complete_turn(n, voiced)):
+        elif ended:
             self.speaking = False
-            audio_bytes, end = bytes(self._utterance), self.position + n
+            speech, end = self.turn_end.speech(self._utterance), self.position + n
             self._utterance = bytearray()
             await self.push_frame(UserStoppedSpeakingFrame())
-            audio_bytes = self._for_assistant(audio_bytes, end)
+            audio_bytes = self._for_assistant(speech, end)
             self._events.log_speech(ListenSpeech(start=self._onset, end=max(self._onset, self._voiced_end),
                                                  decided=end, for_assistant=audio_bytes is not None), None)
             if audio_bytes is not None:
                 self._events.utterance_ended(self._onset)  # its words are on their way
-                await self.push_frame(self._utterance_frame(audio_bytes, end))
+                await self.push_frame(self._utterance_frame(audio_bytes, end, whole=len(audio_bytes) == len(speech)))
             self._end_speculation(dropped=audio_bytes is None)
         self.position += n
 
@@ -222,9 +232,9 @@ class ListenProcessor(FrameProcessor):
         self._speculated = None
         self.turn_end.abandon()
 
-    def _utterance_frame(self, audio: bytes, end: int) -> UtteranceFrame:
+    def _utterance_frame(self, audio: bytes, end: int, whole: bool) -> UtteranceFrame:
         frame = UtteranceFrame(audio=audio, start=self._onset, end=end)
-        if len(audio) // 2 == end - self._utterance_start:  # not cut by the wake word: the speculation is of this audio
+        if whole:  # not cut by the wake word: the speculation is of this audio
             frame.transcript, frame.pending = self.turn_end.final()
         return frame
 

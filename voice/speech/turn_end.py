@@ -10,6 +10,12 @@ the final one: no recognition is left after the end of turn. An incomplete
 transcript ("Go forward,", "Stop.") waits the VAD's full silence; if the
 person speaks on, the speculative transcript is stale and dropped.
 
+Every recognition of an utterance, speculative or final, is of the same
+audio: up to its last voiced block and `speculate_s` of the silence after
+it (`TurnEndTracker.speech`). Which of the two gave the words depends on
+how fast the machine was; the words themselves then do not, so a recorded
+session replays to the same transcript on any machine and under any load.
+
 `complete` and `decide` are the pure rules; `TurnEndTracker` keeps the state
 of one utterance for ListenProcessor, block by block, and never blocks: the
 recognition runs in the executor and is looked at on the next block.
@@ -39,7 +45,7 @@ WORD = re.compile(r"[a-z0-9']+")
 
 @dataclass(frozen=True)
 class TurnEndSettings:
-    speculate_s: float = 0.05  # pause after which the utterance so far is transcribed
+    speculate_s: float = 0.05  # pause after which the utterance so far is transcribed (and the silence kept)
     end_s: float = 0.45  # silence that ends a complete request (the VAD's stop_secs ends any other)
     min_words: int = 3  # fewer words never end early: "Stop.", "Wait." are often the start of more
     enabled: bool = True
@@ -94,6 +100,7 @@ class TurnEndTracker:
         self.settings = settings
         self._start_job = start_job
         self._rate = rate
+        self._tail = 2 * max(1, int(settings.speculate_s * rate))  # bytes of silence kept after the speech
         self._stop_phrases = stop_phrases
         self.speculations = self.used = 0  # over the session: recognitions started, and those that gave the words
         self.reset()
@@ -120,12 +127,19 @@ class TurnEndTracker:
                 self._result = (spec.covers, spec.job.result())
         if (self._spec is None and may_speculate and self.settings.enabled and not voiced
                 and silence_s >= self.settings.speculate_s and not self._covered(len(utterance))):
-            audio = np.frombuffer(bytes(utterance), np.int16).astype(np.float32) / 32768.0
-            self._spec = _Speculation(len(utterance), self._start_job(audio))
+            speech = self.speech(utterance)
+            audio = np.frombuffer(speech, np.int16).astype(np.float32) / 32768.0
+            self._spec = _Speculation(len(speech), self._start_job(audio))
             self.started += 1
             self.speculations += 1
         transcript = self.transcript()
         return decide(transcript.text if transcript else None, silence_s, self.settings, self._stop_phrases)
+
+    def speech(self, utterance: bytearray) -> bytes:
+        """The audio any recognition of this utterance is of: its voiced
+        blocks and `speculate_s` of the silence after them (not the VAD's
+        whole closing silence, which a speculation never has)."""
+        return bytes(utterance[: self._voiced_to + self._tail])
 
     def _covered(self, length: int) -> bool:
         """A valid transcript, or one on its way, already covers every voiced block."""
