@@ -67,6 +67,25 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def heap_mb() -> tuple[float, float]:
+    """glibc's heap (mallinfo2): (in use, free but kept) in MB. Growth of
+    the first is memory held; of the second, fragmentation the allocator
+    has not handed back (RSS counts both)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return float("nan"), float("nan")
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20, info.fordblks / 2**20
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -163,6 +182,8 @@ class Sample:
     turn: int
     latency_s: float | None
     rss_mb: float
+    heap_used_mb: float
+    heap_free_mb: float
     fds: int
     threads: int
     os_threads: int
@@ -260,8 +281,8 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                     progress[0] = device.position
                     span = session.speech_span(info.turn)
                     latency = (span[0] - info.utterance_end) / MIC_RATE if span else None
-                    samples.append(Sample(len(seen), info.turn, latency, rss_mb(), open_fds(), threads(), os_threads(),
-                                          log_bytes(db), time.perf_counter() - started))
+                    samples.append(Sample(len(seen), info.turn, latency, rss_mb(), *heap_mb(), open_fds(), threads(),
+                                          os_threads(), log_bytes(db), time.perf_counter() - started))
                     if len(seen) % 50 == 0:
                         print(f"soak: {len(seen)} turns, rss {samples[-1].rss_mb:.1f} MB, "
                               f"{samples[-1].wall_s:.0f} s", file=sys.stderr, flush=True)
@@ -311,6 +332,9 @@ def report(samples: list[Sample], model: CyclingModel, budget: int, wall: float,
         lat["ratio"] = round(lat["last_100_mean"] / lat["first_100_mean"], 3)
         lat["first_100_mean"], lat["last_100_mean"] = round(lat["first_100_mean"], 3), round(lat["last_100_mean"], 3)
     result["rss_mb"]["growth"] = round(end.rss_mb - warm.rss_mb, 1) if end and warm else None
+    if end and warm:  # where RSS growth went: memory in use, or freed memory the allocator kept
+        result["heap_mb"] = {"used_growth": round(end.heap_used_mb - warm.heap_used_mb, 1),
+                             "free_growth": round(end.heap_free_mb - warm.heap_free_mb, 1)}
     result["checks"] = {
         "rss_growth_le_10mb": result["rss_mb"]["growth"] is not None and result["rss_mb"]["growth"] <= 10,
         "latency_ratio_le_1.05": lat.get("ratio") is not None and lat["ratio"] <= 1.05,
@@ -319,7 +343,8 @@ def report(samples: list[Sample], model: CyclingModel, budget: int, wall: float,
         "threads_unchanged": result["threads"]["os_warm"] == result["threads"]["os_end"],
         "under_15_minutes": wall <= 900,
     }
-    result["curve"] = [{"n": s.n, "rss_mb": round(s.rss_mb, 1), "latency_s": s.latency_s and round(s.latency_s, 3),
+    result["curve"] = [{"n": s.n, "rss_mb": round(s.rss_mb, 1), "heap_used_mb": round(s.heap_used_mb, 1),
+                        "heap_free_mb": round(s.heap_free_mb, 1), "latency_s": s.latency_s and round(s.latency_s, 3),
                         "wall_s": round(s.wall_s, 1)} for s in samples if s.n % 50 == 0]
     return result
 
