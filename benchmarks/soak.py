@@ -15,7 +15,11 @@ in RESULTS.md stay reproducible). The session is built as `voice run` builds it
 (bounded per-turn bookkeeping, a device that keeps no recording).
 
 It reports, and checks against the issue's targets (exit 1 when one fails):
-- RSS after warm-up (turn 100) and at the end: growth <= 10 MB;
+- RSS after warm-up (turn 100) and at the end: growth <= 10 MB, judged on
+  the median of the 50 turns from turn 100 against the median of the last
+  50 (RSS swings by +-40 MB from one turn to the next as the models' large
+  buffers come and go, so two single samples say nothing about growth; both
+  single samples are reported too), with the heap's in-use and free parts;
 - per-turn latency, end of speech -> first reply sample (device clock),
   first 100 vs last 100 answered turns: ratio of means <= 1.05;
 - the largest request (messages, tokens as counted): within the budget;
@@ -39,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +89,14 @@ def heap_mb() -> tuple[float, float]:
         return float("nan"), float("nan")
     info = libc.mallinfo2()
     return (info.uordblks + info.hblkhd) / 2**20, info.fordblks / 2**20
+
+
+def object_census() -> Counter[str]:
+    """Live objects the garbage collector tracks, by type."""
+    import gc
+
+    gc.collect()
+    return Counter(type(o).__qualname__ for o in gc.get_objects())
 
 
 def open_fds() -> int:
@@ -184,6 +197,7 @@ class Sample:
     rss_mb: float
     heap_used_mb: float
     heap_free_mb: float
+    py_blocks: int  # Python's allocated memory blocks (sys.getallocatedblocks): a leak of ours shows here
     fds: int
     threads: int
     os_threads: int
@@ -250,6 +264,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                                       transcript=lambda line: None)
         running.append(session)
         seen: set[int] = set()
+        census: list[Counter[str]] = []  # object types at warm-up and at the end
         progress = [0]  # device position at the latest answered turn
         scope: list[Any] = []
         stalled: list[str] = []
@@ -281,11 +296,14 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                     progress[0] = device.position
                     span = session.speech_span(info.turn)
                     latency = (span[0] - info.utterance_end) / MIC_RATE if span else None
-                    samples.append(Sample(len(seen), info.turn, latency, rss_mb(), *heap_mb(), open_fds(), threads(),
+                    samples.append(Sample(len(seen), info.turn, latency, rss_mb(), *heap_mb(), sys.getallocatedblocks(), open_fds(), threads(),
                                           os_threads(), log_bytes(db), time.perf_counter() - started))
                     if len(seen) % 50 == 0:
-                        print(f"soak: {len(seen)} turns, rss {samples[-1].rss_mb:.1f} MB, "
+                        print(f"soak: {len(seen)} turns, rss {samples[-1].rss_mb:.1f} MB, heap in use "
+                              f"{samples[-1].heap_used_mb:.1f} MB, {samples[-1].py_blocks} Python blocks, "
                               f"{samples[-1].wall_s:.0f} s", file=sys.stderr, flush=True)
+                    if len(seen) == WARM_UP or len(seen) == turns:
+                        census.append(object_census())
 
         async with anyio.create_task_group() as tg:
             scope.append(tg.cancel_scope)
@@ -296,7 +314,30 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
     wall = time.perf_counter() - started
     result = report(samples, model, budget, wall, device.position / MIC_RATE, turns)
     result["stalled"] = stalled[0] if stalled else None
+    if len(census) == 2:  # what grew: the types with the most new objects since warm-up
+        grew = census[1] - census[0]
+        result["objects_grown"] = dict(grew.most_common(12))
     return result
+
+
+WINDOW = 50  # turns in each median of the RSS check
+
+
+def _levels(samples: list[Sample], warm: Sample | None) -> dict[str, tuple[float | None, float | None]]:
+    """Median RSS and heap parts over the WINDOW turns from warm-up on, and over the last WINDOW."""
+    import statistics
+
+    if warm is None:
+        return {k: (None, None) for k in ("rss_mb", "heap_used_mb", "heap_free_mb")}
+    first = [s for s in samples if s.n >= warm.n][:WINDOW]
+    last = samples[-WINDOW:]
+    return {k: (round(statistics.median(getattr(s, k) for s in first), 1),
+                round(statistics.median(getattr(s, k) for s in last), 1))
+            for k in ("rss_mb", "heap_used_mb", "heap_free_mb")}
+
+
+def _growth(pair: tuple[float | None, float | None]) -> float | None:
+    return None if None in pair else round(pair[1] - pair[0], 1)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -332,11 +373,18 @@ def report(samples: list[Sample], model: CyclingModel, budget: int, wall: float,
         lat["ratio"] = round(lat["last_100_mean"] / lat["first_100_mean"], 3)
         lat["first_100_mean"], lat["last_100_mean"] = round(lat["first_100_mean"], 3), round(lat["last_100_mean"], 3)
     result["rss_mb"]["growth"] = round(end.rss_mb - warm.rss_mb, 1) if end and warm else None
+    level = _levels(samples, warm)
+    result["rss_mb"]["median_warm"], result["rss_mb"]["median_end"] = level["rss_mb"]
+    result["rss_mb"]["median_growth"] = _growth(level["rss_mb"])
     if end and warm:  # where RSS growth went: memory in use, or freed memory the allocator kept
         result["heap_mb"] = {"used_growth": round(end.heap_used_mb - warm.heap_used_mb, 1),
-                             "free_growth": round(end.heap_free_mb - warm.heap_free_mb, 1)}
+                             "free_growth": round(end.heap_free_mb - warm.heap_free_mb, 1),
+                             "median_used_growth": _growth(level["heap_used_mb"]),
+                             "median_free_growth": _growth(level["heap_free_mb"])}
+        result["python_blocks"] = {"warm": warm.py_blocks, "end": end.py_blocks,
+                                   "per_turn": round((end.py_blocks - warm.py_blocks) / max(1, end.n - warm.n), 1)}
     result["checks"] = {
-        "rss_growth_le_10mb": result["rss_mb"]["growth"] is not None and result["rss_mb"]["growth"] <= 10,
+        "rss_growth_le_10mb": result["rss_mb"]["median_growth"] is not None and result["rss_mb"]["median_growth"] <= 10,
         "latency_ratio_le_1.05": lat.get("ratio") is not None and lat["ratio"] <= 1.05,
         "requests_within_budget": model.largest["tokens"] <= budget,
         "fds_unchanged": result["fds"]["warm"] == result["fds"]["end"],
@@ -344,6 +392,7 @@ def report(samples: list[Sample], model: CyclingModel, budget: int, wall: float,
         "under_15_minutes": wall <= 900,
     }
     result["curve"] = [{"n": s.n, "rss_mb": round(s.rss_mb, 1), "heap_used_mb": round(s.heap_used_mb, 1),
+                        "py_blocks": s.py_blocks,
                         "heap_free_mb": round(s.heap_free_mb, 1), "latency_s": s.latency_s and round(s.latency_s, 3),
                         "wall_s": round(s.wall_s, 1)} for s in samples if s.n % 50 == 0]
     return result

@@ -276,6 +276,61 @@ async def test_a_small_budget_never_asks_for_a_summary_of_nothing(store, context
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("extra", [0, 1, 2, 3])
+async def test_an_early_start_fits_the_budget_and_is_the_turns_own_request(store, extra):
+    """Found by the 1,000-turn soak (3,607 tokens against 3,584): a model
+    request started early (voice.agent.preempt) took a full window of history
+    and then added the person's words on top. Their words count in the
+    budget, as in the committed turn's request, which then reads it."""
+    import anyio
+
+    from voice.log.window import request_tokens, tools_tokens
+
+    for n in range(40):
+        chat_turn(store, n, size=100 + 7 * extra)  # where the window's edge falls moves with the sizes
+    words = "chat: and what comes after all of that, in a few more words? " + "z" * 40
+    with LoopbackLLM() as server:
+        agent = server_agent(store, server, context_tokens=2048, reply_tokens=256)
+        try:
+            early = agent.start_early(words)
+            budget = agent._history_budget(agent.tools.schemas())
+            fixed = request_tokens([{"content": agent.settings.system_prompt}])
+            assert request_tokens(early.request.messages) - fixed <= budget
+            assert request_tokens(early.request.messages) + tools_tokens(early.request.tools) <= 2048 - 256
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(early.run)
+                result = await agent.run_turn(words, early=early)
+        finally:
+            await agent.provider.aclose()
+    assert result.outcome == ev.COMPLETED and early.taken  # the turn's own request: read, not sent again
+    assert len(server.requests) == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("context_tokens", [768, 1024])
+async def test_every_request_the_server_gets_fits_the_budget_summaries_included(store, context_tokens):
+    """When summaries had been cancelled for a while (each next request
+    cancels one), a summary request carries as many turns as fit: with its
+    prompt, the earlier summary and the line breaks that join them, within
+    the budget like every other request."""
+    from voice.log.window import request_tokens, tools_tokens
+
+    with LoopbackLLM() as server:
+        agent = server_agent(store, server, context_tokens=context_tokens, reply_tokens=128)
+        try:
+            for n in range(40):  # none summarised: each was cancelled by the next request
+                await agent.run_turn(f"chat: question {n} " + "x" * 60)
+            await agent.summarize_after(n + 1)
+            await talk_with_summaries(store, server, 10, context_tokens=context_tokens, reply_tokens=128)
+        finally:
+            await agent.provider.aclose()
+    assert len(summary_requests(server)) >= 2
+    budget = context_tokens - 128
+    for r in server.requests:
+        assert request_tokens(r["messages"]) + tools_tokens(r.get("tools") or []) <= budget, r["messages"][0]
+
+
+@pytest.mark.anyio
 async def test_a_summary_names_every_turn_it_stands_for_in_history(store, tmp_path):
     import subprocess
     import sys

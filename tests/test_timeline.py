@@ -260,6 +260,25 @@ def test_stop_over_a_reply_stops_it_and_nothing_more(tmp_path):
     assert o.asides[-1] == "(a stop: not a request, so nothing more is said)"
 
 
+def test_a_stop_whisper_is_unsure_of_still_stops_the_reply(tmp_path):
+    """Found on the live path (1 run in 4 to 5): the echo canceller leaves
+    a short "Stop." over the reply at a confidence Whisper calls doubtful,
+    and the doubt (meant for the words it makes of a hum or a cough:
+    "and then", "but") dropped it; the reply went on. A stop phrase is
+    never what Whisper invents for a sound: doubtful or not, it stops."""
+    o = run_timeline(Timeline(
+        clips=[ASK, barge_in(3.0, "stop_only.wav", "Stop", doubtful=True)],
+        replies=[{"text": FOUR_POINTS, "chunk_delay_ms": 30}],
+        tail=3.0,
+    ), tmp_path)
+    (reply,) = o.replies.values()
+    assert reply.outcome == ev.ABORTED and reply.interrupted
+    assert not np.any(o.played[ack(o):]), "something played after the stop"
+    (stop,) = o.of_type(ev.USER_STOP)
+    assert stop.payload["intent"] == "stop" and stop.payload["content"] == "Stop"
+    assert not o.of_type(ev.SPEECH_RESUMED)
+
+
 # -- I8: a completion phrase plays only once its write is confirmed -------------------
 
 

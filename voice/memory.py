@@ -4,16 +4,16 @@ Whisper, Piper, Silero and Python free what a turn used, but glibc keeps
 freed pages in its per-thread arenas for reuse; with inputs of a different
 size on every turn the kept share creeps up (benchmarks/soak.py reports the
 heap's in-use and free parts beside RSS). `malloc_trim(0)` gives the free
-pages back. It runs in a worker thread after a turn settles, at most once a
+pages back. It runs in the event loop's executor (whose threads the models
+already use: no thread of its own) after a turn settles, at most once every
 `every_s`, and is a no-op where the C library has no such call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import time
-
-import anyio
 
 _libc: ctypes.CDLL | None = None
 try:
@@ -36,4 +36,4 @@ class MemoryTrimmer:
             return
         self._last = now
         self.trims += 1
-        await anyio.to_thread.run_sync(_libc.malloc_trim, 0)
+        await asyncio.get_running_loop().run_in_executor(None, _libc.malloc_trim, 0)

@@ -207,10 +207,11 @@ class AgentLoop:
         conversation (the idle gap passed), so no history."""
         self._early_count += 1
         schemas = self.tools.schemas()
+        said = [{"role": "user", "content": user_text}]  # the turn's own words count in its budget, as they will
         history = None if fresh else derive_history(self.store, self.conversation,
                                                     budget=self._history_budget(schemas),
-                                                    count=self.settings.count_tokens)
-        messages = [*(history.messages if history else []), {"role": "user", "content": user_text}]
+                                                    count=self.settings.count_tokens, pending=said)
+        messages = history.messages if history else said
         request = ModelRequest(messages=provider_messages(messages, self.settings.system_prompt),
                                tools=schemas, tool_results=history.tool_results if history else {})
         return EarlyStart(user_text, request, self.provider, self._early_count)

@@ -27,7 +27,8 @@ from voice.agent.providers.base import ModelRequest, Provider, ProviderError, Te
 from voice.log import events as ev
 from voice.log.projections import message_line
 from voice.log.store import EventStore
-from voice.log.window import TokenCounter, derive_window, estimate_tokens, latest_summary, turn_messages
+from voice.log.window import (TokenCounter, derive_window, estimate_tokens, latest_summary, request_tokens,
+                               turn_messages)
 
 PROMPT = ("Summarise the conversation below between a person and their voice assistant in at most five short "
           "sentences: what was asked, what was answered or done (notes taken, timers set), and anything the "
@@ -70,15 +71,16 @@ def _request_text(store: EventStore, conversation: str, turns: tuple[int, int], 
     lines: list[str] = []
     for turn in sorted(by_turn):
         lines.extend(message_line(m) for m in turn_messages(by_turn[turn], results))
-    kept, spent = [], 0
+    head = [f"Earlier summary: {previous.text}"] if previous is not None else []
+    # The whole request fits: the prompt, the earlier summary, and each line with the break that joins it.
+    kept, spent = [], request_tokens([{"content": PROMPT}, {"content": "\n".join(head)}], count)
     for line in reversed(lines):
-        spent += count(line)
+        spent += count(line + "\n")
         if spent > budget:
             break
         kept.append(line)
     if not kept:
         return None
-    head = [f"Earlier summary: {previous.text}"] if previous is not None else []
     return "\n".join(head + list(reversed(kept))), previous.first_turn if previous is not None else turns[0]
 
 

@@ -45,9 +45,10 @@ class History:
 
 
 def derive_history(store: EventStore, conversation: str, upto: int | None = None,
-                   budget: int | None = None, count: TokenCounter = estimate_tokens) -> History:
-    """See `derive_messages`."""
-    window = derive_window(store, conversation, budget, upto=upto, count=count)
+                   budget: int | None = None, count: TokenCounter = estimate_tokens,
+                   pending: list[dict[str, Any]] | None = None) -> History:
+    """See `derive_messages`; `pending` as in `derive_window`."""
+    window = derive_window(store, conversation, budget, upto=upto, count=count, pending=pending)
     return History(window.messages, window.tool_results)
 
 

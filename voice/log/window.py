@@ -148,18 +148,23 @@ _READ = ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}
 
 
 def derive_window(store: EventStore, conversation: str, budget: int | None = None, *, upto: int | None = None,
-                  count: TokenCounter = estimate_tokens) -> Window:
+                  count: TokenCounter = estimate_tokens, pending: list[dict[str, Any]] | None = None) -> Window:
     """The conversation's model history for a request of at most `budget`
     tokens (None: every turn after the summary). The newest turn is always
-    kept, even alone over the budget: it holds the request being answered."""
+    kept, even alone over the budget: it holds the request being answered.
+    `pending`: the messages of a turn not yet in the log (an early model
+    start's words), the newest turn, chosen as if it were recorded."""
     summary = latest_summary(store, conversation, upto)
     window = Window(summary=summary)
     if summary is not None:
         window.messages.append(summary_message(summary))
         window.tokens = message_tokens(window.messages[0], count)
     floor = summary.last_turn if summary is not None else 0
-    kept: list[tuple[int, list[dict[str, Any]], dict[str, ev.ToolResult]]] = []  # newest first
+    kept: list[tuple[int | None, list[dict[str, Any]], dict[str, ev.ToolResult]]] = []  # newest first
     spent = window.tokens
+    if pending:
+        kept.append((None, pending, {}))
+        spent += sum(message_tokens(m, count) for m in pending)
     before = upto + 1 if upto is not None else None
     full = False
     while not full:
@@ -182,7 +187,8 @@ def derive_window(store: EventStore, conversation: str, budget: int | None = Non
             spent += cost
         before = batch[-1]
     for turn, messages, results in reversed(kept):
-        window.turns.append(turn)
+        if turn is not None:
+            window.turns.append(turn)
         window.messages.extend(messages)
         window.tool_results.update(results)
     window.tokens = spent

@@ -136,7 +136,10 @@ class BargeInController:
         pending = self.judge.pending and onset == self.judge.onset
         cut_by_length = self._cut is not None and self._cut[0] == onset
         said = text
-        if (pending or cut_by_length) and doubtful:  # a hum Whisper made words of: a sound
+        # A hum or a cough Whisper made words of ("and then", "but") is a sound. Never a stop
+        # phrase: a short "Stop." the echo canceller thinned out can come back doubtful, and
+        # is still the person's stop.
+        if (pending or cut_by_length) and doubtful and not stop_intent(text, self._stop_phrases):
             self._ignored(f"heard {text!r} over the reply, too unsure to be words")
             said = ""
         if pending:  # it ended before the judge decided: its words decide
