@@ -282,7 +282,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                 if device.position - progress[0] > STALL_S * MIC_RATE:
                     p = session.parts
                     stalled.append(f"no turn answered for {STALL_S:g} s of audio after {len(seen)} turns; "
-                                   f"{len(device.placed)} of {len(scen.users)} clips placed; idle: {session.idle()} "
+                                   f"{device.clips_placed} of {len(scen.users)} clips placed; idle: {session.idle()} "
                                    f"(speaking {p.listen.speaking}, transcribing {p.transcribe.busy}, waiting "
                                    f"{p.turns.waiting}, agent {p.agent.busy}, playing {p.surface.playing()}, "
                                    f"synthesizing {p.speak.busy})")

@@ -102,7 +102,8 @@ class ReplayDevice:
     hold: bool = False  # after the scenario, keep listening to silence until cancelled (the daemon)
     record: bool | None = None
     position: int = 0
-    placed: list[PlacedClip] = field(default_factory=list)
+    placed: list[PlacedClip] = field(default_factory=list)  # without `record`, from the one still heard on
+    clips_placed: int = 0  # of the scenario's users, in order
     mic_blocks: list[np.ndarray] = field(default_factory=list)
     played_blocks: list[np.ndarray] = field(default_factory=list)
     tick_lateness: deque[float] = field(init=False)
@@ -155,7 +156,7 @@ class ReplayDevice:
                 self.played_blocks.append(played)
                 self.mic_blocks.append(mic)
             self.position += n
-            if len(self.placed) == len(self.scenario.users) and self.position >= self.placed[-1].end:
+            if self.clips_placed == len(self.scenario.users) and self.position >= self.placed[-1].end:
                 if self.idle():
                     idle_since = self.position if idle_since is None else idle_since
                     if self.position - idle_since >= tail and not self.hold:
@@ -168,20 +169,20 @@ class ReplayDevice:
         self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"
 
     def _place_next(self) -> None:
-        n = len(self.placed)
+        n = self.clips_placed
         if n == len(self.scenario.users):
             return
         clip = self.scenario.users[n]
         seconds = int(clip.seconds * MIC_RATE)
         if clip.when == "at":
-            self.placed.append(PlacedClip(clip, seconds))
+            self._place(clip, seconds)
             return
         previous = self.placed[-1]
         if self.position < previous.end:
             return
         if clip.when == "after_idle":  # whether or not anything answered the previous clip
             if self.idle():
-                self.placed.append(PlacedClip(clip, self.position + seconds))
+                self._place(clip, self.position + seconds)
             return
         reply_start = next((s for s in self.buffer.starts if s >= previous.onset), None)
         if not self.idle():
@@ -193,17 +194,24 @@ class ReplayDevice:
                     and self.position - self._quiet_since >= NOTHING_TO_CUT_S * MIC_RATE):
                 # Nothing answered the previous clip: there is no reply to talk over, and
                 # waiting for one would end the scenario. It is said as the next request.
-                self.placed.append(PlacedClip(clip, self.position))
+                self._place(clip, self.position)
             return  # the reply has not started playing yet
         if clip.when == "barge_in_after":
-            self.placed.append(PlacedClip(clip, reply_start + seconds - clip.onset))
+            self._place(clip, reply_start + seconds - clip.onset)
         elif self.idle():  # after_reply
-            self.placed.append(PlacedClip(clip, self.position + seconds))
+            self._place(clip, self.position + seconds)
+
+    def _place(self, clip: UserClip, start: int) -> None:
+        self.placed.append(PlacedClip(clip, start))
+        self.clips_placed += 1
 
     def _mix(self, start: int, n: int) -> np.ndarray:
         out = np.zeros(n, np.int32)
         while self._audible_from < len(self.placed) and self.placed[self._audible_from].end <= start:
             self._audible_from += 1  # (clips are placed in order: a tick's cost stays flat)
+        if not self.record and self._audible_from > 1:  # a soak, a daemon: forget clips heard out (not the last)
+            del self.placed[: self._audible_from - 1]
+            self._audible_from = 1
         for p in self.placed[self._audible_from:]:
             lo, hi = max(start, p.start), min(start + n, p.end)
             if lo < hi:

@@ -70,10 +70,32 @@ def _count_words(phonemes: list[str]) -> int:
     return len(_phoneme_word_spans(phonemes, [1] * len(phonemes)))
 
 
+def _set_voice_once() -> None:
+    """espeak-ng keeps about 1.3 KB in every `espeak_SetVoiceByName`, and
+    piper sets the voice before every phonemization: once per sentence
+    spoken and once per word timed (`_map_tokens`), about 12 KB a turn, the
+    whole of what the 1,000-turn soak grew by (benchmarks/soak.py). One voice
+    speaks in this process, so it is set once per name. Idempotent."""
+    from piper import espeakbridge
+
+    if getattr(espeakbridge.set_voice, "voice_set_once", False):
+        return
+    set_voice, current = espeakbridge.set_voice, [None]
+
+    def set_voice_once(name: str) -> None:
+        if name != current[0]:
+            set_voice(name)
+            current[0] = name
+
+    set_voice_once.voice_set_once = True
+    espeakbridge.set_voice = set_voice_once
+
+
 class PiperEngine:
     def __init__(self, rate: int, alignments: bool = True):
         from piper import PiperVoice
 
+        _set_voice_once()
         model, config = models.piper_joe()
         self._voice = PiperVoice.load(model, config_path=config, include_alignments=alignments)
         self._alignments = alignments

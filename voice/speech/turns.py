@@ -36,7 +36,6 @@ from voice.log.conversations import NewConversation, end_and_open, idle_for, las
 from voice.log.events import UserStop
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
-from voice.memory import MemoryTrimmer
 from voice.speech.judge import stop_intent
 from voice.speech.settings import ConversationRules
 
@@ -92,7 +91,6 @@ class TurnRunner:
         self.transcript = transcript
         self.aside = aside
         self.before_turn = before_turn  # the session notes the device's clock (audio/clock) there
-        self.memory = MemoryTrimmer()  # a service lives for weeks: freed memory goes back to the system
         self.turns: deque[TurnInfo] = deque(maxlen=keep)
         self.rules = conversations or ConversationRules()
         self.notice = notice  # says the new conversation's acknowledgement
@@ -176,7 +174,6 @@ class TurnRunner:
                         self._done(request)
                     if request.result is not None and not self.waiting and not self._closed:
                         await self.agent.summarize_after(request.result.turn)  # a request that comes cancels it
-                        await self.memory.after_turn()
             finally:
                 self._early_tasks = None
                 self.drop_early()
