@@ -364,6 +364,7 @@ def report(samples: list[Sample], model: CyclingModel, budget: int, wall: float,
         "largest_request": {**model.largest, "budget": budget},
         "log_bytes_per_turn": round((end.log_bytes - warm.log_bytes) / max(1, end.n - warm.n)) if end and warm else None,
         "fds": {"warm": warm.fds if warm else None, "end": end.fds if end else None},
+        "thread_names": sorted(t.name for t in threading.enumerate()),  # at the end
         "threads": {"warm": warm.threads if warm else None, "end": end.threads if end else None,
                     "os_warm": warm.os_threads if warm else None, "os_end": end.os_threads if end else None},
         "load_avg": os.getloadavg(),

@@ -21,6 +21,10 @@ is cancelled through pipecat's runner); all of it shielded, within
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +115,7 @@ class VoiceSession:
         Reports started (`task_status.started()`) once mic audio has reached
         the VAD: the service is listening."""
         p = self.parts
+        asyncio.get_running_loop().set_default_executor(inference_pool())
         worker = PipelineWorker(
             Pipeline([p.listen, p.transcribe, p.converse, p.speak, p.play]),
             enable_rtvi=False, idle_timeout_secs=None, cancel_on_idle_timeout=False,
@@ -322,6 +327,19 @@ class VoiceSession:
         if not spans:
             return None
         return min(s[0] for s in spans), max(s[1] for s in spans)
+
+
+def inference_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The executor Whisper and Piper run in (the loop's default), its
+    threads all started now. asyncio's own adds a thread whenever more jobs
+    overlap than ever before, up to cores + 4, so a service's thread count
+    crept up over weeks (the 1,000-turn soak: 14 -> 15); more threads than
+    cores would only make the models share them."""
+    workers = min(4, max(2, os.cpu_count() or 2))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="voice-inference")
+    started = threading.Barrier(workers)  # each job waits for all: one thread each
+    concurrent.futures.wait([pool.submit(started.wait) for _ in range(workers)])
+    return pool
 
 
 def interruption(listen: ListenProcessor):
