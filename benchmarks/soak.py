@@ -370,6 +370,9 @@ def report(samples: list[Sample], model: CyclingModel, budget: int, wall: float,
         "load_avg": os.getloadavg(),
     }
     lat = result["latency_s"]
+    # each hundred's mean: a trend shows here; one hundred's jitter (20 ms blocks, compute) shows as one point
+    lat["means_by_100"] = [round(_mean([s.latency_s for s in answered[i:i + 100]]), 3)
+                           for i in range(0, len(answered), 100)]
     if lat["first_100_mean"] and lat["last_100_mean"]:
         lat["ratio"] = round(lat["last_100_mean"] / lat["first_100_mean"], 3)
         lat["first_100_mean"], lat["last_100_mean"] = round(lat["first_100_mean"], 3), round(lat["last_100_mean"], 3)
