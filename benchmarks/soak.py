@@ -37,6 +37,7 @@ structure, not its timings).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -44,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,10 +74,9 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def heap_mb() -> tuple[float, float]:
-    """glibc's heap (mallinfo2): (in use, free but kept) in MB. Growth of
-    the first is memory held; of the second, fragmentation the allocator
-    has not handed back (RSS counts both)."""
+@functools.cache
+def _mallinfo2() -> Callable[[], Any] | None:
+    """glibc's mallinfo2 (2.33 and later), bound once; None elsewhere."""
     import ctypes
 
     class MallInfo2(ctypes.Structure):
@@ -83,11 +84,21 @@ def heap_mb() -> tuple[float, float]:
             "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = MallInfo2
+        call = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return None
+    call.restype = MallInfo2
+    return call
+
+
+def heap_mb() -> tuple[float, float]:
+    """glibc's heap: (in use, free but kept) in MB, NaN without glibc. Growth
+    of the first is memory held; of the second, fragmentation the allocator
+    has not handed back (RSS counts both)."""
+    call = _mallinfo2()
+    if call is None:
         return float("nan"), float("nan")
-    info = libc.mallinfo2()
+    info = call()
     return (info.uordblks + info.hblkhd) / 2**20, info.fordblks / 2**20
 
 
@@ -296,8 +307,9 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                     progress[0] = device.position
                     span = session.speech_span(info.turn)
                     latency = (span[0] - info.utterance_end) / MIC_RATE if span else None
-                    samples.append(Sample(len(seen), info.turn, latency, rss_mb(), *heap_mb(), sys.getallocatedblocks(), open_fds(), threads(),
-                                          os_threads(), log_bytes(db), time.perf_counter() - started))
+                    samples.append(Sample(len(seen), info.turn, latency, rss_mb(), *heap_mb(), sys.getallocatedblocks(),
+                                          open_fds(), threads(), os_threads(), log_bytes(db),
+                                          time.perf_counter() - started))
                     if len(seen) % 50 == 0:
                         print(f"soak: {len(seen)} turns, rss {samples[-1].rss_mb:.1f} MB, heap in use "
                               f"{samples[-1].heap_used_mb:.1f} MB, {samples[-1].py_blocks} Python blocks, "

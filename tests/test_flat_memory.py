@@ -65,6 +65,7 @@ def test_speaking_leaves_no_memory_behind():
 
     from voice.speech.tts import PiperEngine
 
+    # (benchmarks/soak.py reads the same counts; benchmarks/ is not importable from the tests)
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (
             "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -86,6 +87,22 @@ def test_speaking_leaves_no_memory_behind():
     assert grown < 0.5, f"the heap grew {grown:.1f} MB over 2,800 phonemizations"
 
 
+def run_device(scenario, *, record: bool) -> ReplayDevice:
+    """A replay device played to its scenario's end on a virtual clock, with
+    an idle assistant and nothing listening to its mic."""
+    async def on_mic(block: bytes, reference: bytes) -> None:
+        return None
+
+    device = ReplayDevice(scenario, idle=lambda: True, record=record)
+    clock = VirtualClock()
+    clock.install()
+    try:
+        run_on_virtual_clock(device.run(on_mic), clock)
+    finally:
+        clock.uninstall()
+    return device
+
+
 def test_a_replay_device_that_keeps_nothing_forgets_the_clips_it_has_played():
     """Found in the 1,000-turn soak: one PlacedClip per request, kept for ever."""
     quiet = np.zeros(800, np.int16)  # 50 ms each
@@ -93,20 +110,7 @@ def test_a_replay_device_that_keeps_nothing_forgets_the_clips_it_has_played():
                   for n in range(200))
     scenario = SimpleNamespace(path=Path("x.toml"), users=clips, echo=None, tail=0.1, max_duration=60.0, blocks=())
 
-    async def on_mic(block: bytes, reference: bytes) -> None:
-        return None
-
-    def run(record: bool) -> ReplayDevice:
-        device = ReplayDevice(scenario, idle=lambda: True, record=record)
-        clock = VirtualClock()
-        clock.install()
-        try:
-            run_on_virtual_clock(device.run(on_mic), clock)
-        finally:
-            clock.uninstall()
-        return device
-
-    bounded, recorded = run(False), run(True)
+    bounded, recorded = run_device(scenario, record=False), run_device(scenario, record=True)
     assert bounded.clips_placed == recorded.clips_placed == len(recorded.placed) == 200
     assert len(bounded.placed) <= 2 and bounded.placed[-1].clip.name == "c199.wav"
     assert bounded.position == recorded.position
@@ -142,20 +146,7 @@ def test_replay_tick_lateness_is_bounded_unless_the_device_records():
     scenario = SimpleNamespace(path=Path("x.toml"), users=(clip,), echo=None, tail=(KEEP_TICKS + 500) / 50,
                                max_duration=(KEEP_TICKS + 600) / 50, blocks=())
 
-    async def on_mic(block: bytes, reference: bytes) -> None:
-        return None
-
-    def ticks(record: bool) -> ReplayDevice:
-        device = ReplayDevice(scenario, idle=lambda: True, record=record)
-        clock = VirtualClock()
-        clock.install()
-        try:
-            run_on_virtual_clock(device.run(on_mic), clock)
-        finally:
-            clock.uninstall()
-        return device
-
-    bounded, recorded = ticks(False), ticks(True)
+    bounded, recorded = run_device(scenario, record=False), run_device(scenario, record=True)
     assert bounded.position == recorded.position > KEEP_TICKS * 320
     assert len(bounded.tick_lateness) == KEEP_TICKS and not bounded.mic_blocks and not bounded.played_blocks
     assert len(recorded.tick_lateness) >= recorded.position // 320 - 1 > KEEP_TICKS

@@ -344,10 +344,9 @@ class EventStore:
             args.append(conversation)
         if turn is not None:
             if conversation is not None:  # from where the turn begins (by index): a turn costs what follows it
-                row = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
-                                       " AND turn = ?", (conversation, turn)).fetchone()
-                if row[0] is not None:
-                    args[0] = max(after_seq, row[0] - 1)
+                start = self._turn_start(conversation, turn)
+                if start is not None:
+                    args[0] = max(after_seq, start - 1)
             sql += " AND turn = ?"
             args.append(turn)
         if types:
@@ -369,16 +368,19 @@ class EventStore:
         """The conversation's turn ids, newest first: at most `limit`, all
         below `before` when given (an index walk: the cost of the answer,
         not of the conversation)."""
-        return [t for t, _ in self._turn_starts(conversation, before, limit)]
-
-    def _turn_starts(self, conversation: str, before: int | None, limit: int) -> list[tuple[int, int]]:
-        """(turn, seq of its turn/start), newest first, from the partial index."""
-        sql = "SELECT turn, seq FROM events WHERE type = 'turn/start' AND conversation = ?"
+        sql = "SELECT turn FROM events WHERE type = 'turn/start' AND conversation = ?"  # the partial index
         args: list[Any] = [conversation]
         if before is not None:
             sql += " AND turn < ?"
             args.append(before)
-        return list(self._db.execute(sql + " ORDER BY turn DESC LIMIT ?", [*args, limit]))
+        return [r[0] for r in self._db.execute(sql + " ORDER BY turn DESC LIMIT ?", [*args, limit])]
+
+    def _turn_start(self, conversation: str, turn: int, *, following: bool = False) -> int | None:
+        """The seq where the conversation's turn begins (`following`: where the
+        first turn after it begins), by the partial index of turn starts."""
+        (seq,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
+                                  f" AND turn {'>' if following else '='} ?", (conversation, turn)).fetchone()
+        return seq
 
     def turn_events(self, conversation: str, turns: list[int], types: set[str] | frozenset[str]) -> list[Event]:
         """The events of these turns (ids of the conversation, as `turns`
@@ -387,10 +389,7 @@ class EventStore:
         if not turns:
             return []
         low, high = min(turns), max(turns)
-        (start,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
-                                    " AND turn = ?", (conversation, low)).fetchone()
-        (after,) = self._db.execute("SELECT MIN(seq) FROM events WHERE type = 'turn/start' AND conversation = ?"
-                                    " AND turn > ?", (conversation, high)).fetchone()  # where the next turn begins
+        start, after = self._turn_start(conversation, low), self._turn_start(conversation, high, following=True)
         sql = ("SELECT seq, conversation, turn, step, attempt, type, payload, at_mono, at_wall FROM events"
                f" WHERE conversation = ? AND seq >= ? AND seq < ? AND type IN ({','.join('?' * len(types))})"
                " ORDER BY seq")

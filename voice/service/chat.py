@@ -84,9 +84,9 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
             if not interactive:
                 out.write(f"you: {line}\n")
                 out.flush()
-            if idle_gap_s is not None and idle_for(agent.store, agent.conversation) >= idle_gap_s:
-                agent.conversation = end_and_open(agent.store, agent.conversation, "idle",
-                                                  idle_s=idle_for(agent.store, agent.conversation))
+            idle = idle_for(agent.store, agent.conversation) if idle_gap_s is not None else 0.0
+            if idle_gap_s is not None and idle >= idle_gap_s:
+                agent.conversation = end_and_open(agent.store, agent.conversation, "idle", idle_s=idle)
             if new_phrases and stop_intent(line, new_phrases):
                 agent.conversation = end_and_open(agent.store, agent.conversation, "asked", words=line.strip())
                 if new_reply:

@@ -43,13 +43,13 @@ from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
 from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
-# The person's utterance and its words are never dropped by an interruption
-# (pipecat's InterruptionFrame cancels what a stage is doing): a barge-in
-# stops the assistant, and the words that made it are still to be judged.
-
-
 @dataclass
 class UtteranceFrame(DataFrame):
+    """The person's utterance. It and its words (`UserTextFrame`) are never
+    dropped by an interruption (pipecat's InterruptionFrame cancels what a
+    stage is doing): a barge-in stops the assistant, and the words that
+    made it are still to be judged."""
+
     interruptible: bool = field(default=False, init=False)
     audio: bytes  # int16 mono 16 kHz, with pre-roll, to `speculate_s` after its last voiced block
     start: int  # mic sample position of the speech onset (estimated)

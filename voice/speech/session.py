@@ -337,8 +337,8 @@ def inference_pool() -> concurrent.futures.ThreadPoolExecutor:
     cores would only make the models share them."""
     workers = min(4, max(2, os.cpu_count() or 2))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="voice-inference")
-    started = threading.Barrier(workers)  # each job waits for all: one thread each
-    concurrent.futures.wait([pool.submit(started.wait) for _ in range(workers)])
+    started = threading.Barrier(workers, timeout=5.0)  # each job waits for all: one thread each
+    concurrent.futures.wait([pool.submit(started.wait) for _ in range(workers)])  # (a broken barrier ends them)
     return pool
 
 

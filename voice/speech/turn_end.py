@@ -126,7 +126,7 @@ class TurnEndTracker:
             if not spec.job.cancelled() and spec.job.exception() is None:
                 self._result = (spec.covers, spec.job.result())
         if (self._spec is None and may_speculate and self.settings.enabled and not voiced
-                and silence_s >= self.settings.speculate_s and not self._covered(len(utterance))):
+                and silence_s >= self.settings.speculate_s and not self._covered()):
             speech = self.speech(utterance)
             audio = np.frombuffer(speech, np.int16).astype(np.float32) / 32768.0
             self._spec = _Speculation(len(speech), self._start_job(audio))
@@ -141,7 +141,7 @@ class TurnEndTracker:
         whole closing silence, which a speculation never has)."""
         return bytes(utterance[: self._voiced_to + self._tail])
 
-    def _covered(self, length: int) -> bool:
+    def _covered(self) -> bool:
         """A valid transcript, or one on its way, already covers every voiced block."""
         covers = self._spec.covers if self._spec else self._result[0] if self._result else -1
         return covers >= self._voiced_to

@@ -21,6 +21,7 @@ session closes it at shutdown, before it cancels the running turn.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from voice.agent.loop import AgentLoop, TurnResult
 from voice.agent.preempt import EarlyStart
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev
-from voice.log.conversations import NewConversation, end_and_open, idle_for, last_activity
+from voice.log.conversations import NewConversation, end_and_open, last_activity
 from voice.log.events import UserStop
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
@@ -155,12 +156,11 @@ class TurnRunner:
         the next request: `voice ctl status`, `history --list` and the log
         then say it ended. A request queued or running ends it in its place."""
         while True:
-            last = last_activity(self.store, self.conversation)
-            left = gap_s if last is None else gap_s - idle_for(self.store, self.conversation)
-            if left <= 0 and not self.waiting and self._running is None and not self._closed:
-                self._switch("idle", idle_s=idle_for(self.store, self.conversation))
-                left = gap_s
-            await anyio.sleep(max(0.1, left))
+            idle = self._idle()  # one read of the log a wake-up
+            if idle is not None and idle >= gap_s and not self.waiting and self._running is None and not self._closed:
+                self._switch("idle", idle_s=idle)
+                idle = None
+            await anyio.sleep(max(0.1, gap_s - (idle or 0.0)))
 
     async def _answer(self) -> None:
         async with self._receive, anyio.create_task_group() as early_tasks:
@@ -284,10 +284,14 @@ class TurnRunner:
     def _idle_s(self) -> float | None:
         """How long the conversation has been idle, once that is past the gap."""
         gap_s = self.rules.idle_gap_s
-        if gap_s is None or last_activity(self.store, self.conversation) is None:
-            return None
-        idle = idle_for(self.store, self.conversation)
-        return idle if idle >= gap_s else None
+        idle = self._idle() if gap_s is not None else None
+        return idle if idle is not None and idle >= gap_s else None
+
+    def _idle(self) -> float | None:
+        """Seconds since the conversation's latest activity (None: none yet), on
+        the log's clock (wall time, or a replay's virtual time)."""
+        last = last_activity(self.store, self.conversation)
+        return None if last is None else max(0.0, time.time() - last)
 
     def _switch(self, reason: str, *, idle_s: float | None = None, words: str | None = None) -> None:
         """End the conversation (unless nothing happened in it yet) and
