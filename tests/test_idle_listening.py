@@ -1,15 +1,67 @@
-"""A listener that does only what the moment needs (issue #17): echo
-cancellation runs only while there is echo to cancel (voice.audio.echo). What
-it saves is measured in benchmarks/live.py (--idle-only); here: that it runs
-whenever it is needed, and passes the mic through untouched when it rests."""
+"""A listener that does only what the moment needs (issue #17): the VAD runs
+only while speech could matter and the mic carries sound (voice.speech.vad_gate,
+ListenGate.expects_speech), and echo cancellation only while there is echo to
+cancel (voice.audio.echo). What they save is measured in benchmarks/live.py
+(--idle-only); here: that they switch on whenever they are needed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from voice.audio.listening import ListenGate
+from voice.speech.vad_gate import HOLD_S, VadGate
+
 RATE = 16000
 BLOCK = 320
+
+
+def block(level_dbfs: float | None) -> bytes:
+    """A 20 ms block of a 300 Hz tone at `level_dbfs` RMS (None: digital silence)."""
+    if level_dbfs is None:
+        return bytes(BLOCK * 2)
+    t = np.arange(BLOCK) / RATE
+    tone = np.sin(2 * np.pi * 300 * t) * np.sqrt(2) * 32768 * 10 ** (level_dbfs / 20)
+    return tone.astype(np.int16).tobytes()
+
+
+def test_in_wake_mode_speech_is_expected_only_after_a_wake_word_or_in_the_window():
+    gate = ListenGate("wake", window_s=8.0)
+    assert not gate.expects_speech(1.0)  # nobody has said the wake word: only the detector listens
+    gate.on_wake(2.0)
+    assert gate.expects_speech(2.1) and gate.expects_speech(11.9)
+    gate.consume()
+    assert not gate.expects_speech(12.5)
+    gate.on_assistant_stopped(20.0)
+    assert gate.expects_speech(19.6) and gate.expects_speech(27.9)  # the follow-up window, with its slack
+    assert not gate.expects_speech(28.5)
+    assert ListenGate("open").expects_speech(0.0)
+
+
+def test_the_vad_stays_off_on_silence_and_a_quiet_room():
+    gate = VadGate()
+    for i in range(1, 200):
+        assert not gate.should_run(block(None if i % 2 else -70.0), i * BLOCK, active=False, expected=True)
+
+
+def test_sound_starts_the_vad_at_once_and_it_runs_on_for_a_while():
+    gate = VadGate()
+    assert not gate.should_run(block(None), BLOCK, active=False, expected=True)
+    assert gate.should_run(block(-40.0), 2 * BLOCK, active=False, expected=True)
+    assert gate.restarting  # the listener feeds the pre-roll first
+    end = 2 * BLOCK
+    while end < 2 * BLOCK + HOLD_S * RATE:
+        end += BLOCK
+        assert gate.should_run(block(None), end, active=False, expected=True)
+        assert not gate.restarting
+    assert not gate.should_run(block(None), end + BLOCK, active=False, expected=True)
+
+
+def test_the_vad_always_runs_while_it_is_needed_and_never_when_speech_cannot_matter():
+    gate = VadGate()
+    assert gate.should_run(block(None), BLOCK, active=True, expected=False)  # the assistant busy, or mid-utterance
+    assert not gate.should_run(block(-20.0), 2 * BLOCK, active=False, expected=False)  # wake mode, no wake word
+    assert gate.should_run(block(None), 3 * BLOCK, active=True, expected=True)
 
 
 @pytest.fixture

@@ -73,6 +73,12 @@ class ListenGate:
             return "conversation window"
         return None
 
+    def expects_speech(self, t: float) -> bool:
+        """Speech starting at t could be for the assistant: the listener needs
+        its VAD now (in wake mode, outside the window and without a recent wake
+        word, only the wake-word detector has to listen)."""
+        return self.mode == "open" or self.state(t) != "waiting for wake word"
+
     def accepts_utterance(self, start_t: float) -> bool:
         return self.reason(start_t) is not None
 

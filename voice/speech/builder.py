@@ -81,7 +81,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     wake, gate = listen_gate(settings)
     listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
                              gate=gate, stt=models.stt, turn_end=settings.turn_end,
-                             stop_phrases=settings.barge_in.stop_phrases)
+                             stop_phrases=settings.barge_in.stop_phrases, report_ignored=aside is not None)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"),

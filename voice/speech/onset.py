@@ -76,6 +76,19 @@ class FrameScoringSilero(SileroVADAnalyzer):
         frames, self._frames = self._frames, []
         return frames
 
+    def restart(self, skipped: int) -> None:
+        """The VAD was off for `skipped` samples of quiet and starts again on
+        a frame boundary: as if it had scored them as quiet. Its state was
+        QUIET when it stopped; the partial frame is dropped, the loudness
+        window emptied (the caller feeds its pre-roll first), the model keeps
+        its state and its periodic reset comes when it would have.
+        Call between `analyze_audio` calls."""
+        self._vad_buffer = b""
+        self._volume_tracker.reset()
+        self._prev_volume = 0.0
+        self._windows_since_reset += skipped // FRAME
+        self._low_confidence_windows += skipped // FRAME
+
 
 class OnsetDetector:
     """Speech began where `frames` consecutive frames were scored at least

@@ -36,10 +36,11 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
 from voice.log.events import Body, ListenSpeech, ListenWake
-from voice.speech.onset import MAX_LEAD_S, FrameScoringSilero, OnsetDetector
+from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
 from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
+from voice.speech.vad_gate import VadGate
 from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
@@ -110,8 +111,10 @@ class ListenProcessor(FrameProcessor):
 
     def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
                  wake=None, gate=None, stt: SttEngine | None = None, turn_end: TurnEndSettings | None = None,
-                 stop_phrases: tuple[str, ...] = ()):
+                 stop_phrases: tuple[str, ...] = (), report_ignored: bool = False):
         super().__init__(name="listen")
+        # -v: speech without the wake word is reported, so the VAD listens even where only the wake word must
+        self._report_ignored = report_ignored
         # Without an STT engine (tests of the VAD alone) nothing is speculated.
         settings = turn_end or TurnEndSettings()
         self.turn_end = TurnEndTracker(settings if stt is not None else TurnEndSettings(enabled=False),
@@ -135,7 +138,11 @@ class ListenProcessor(FrameProcessor):
         self.muted = False
         self._onset = 0
         self._voiced_end = 0  # the end of the latest voiced block
-        self._onsets = OnsetDetector() if isinstance(vad, FrameScoringSilero) else None
+        scoring = isinstance(vad, FrameScoringSilero)
+        self._onsets = OnsetDetector() if scoring else None
+        self._vad_gate = VadGate() if scoring else None  # runs the VAD only when the moment needs it
+        self._state = VADState.QUIET  # the VAD's, after the last block
+        self._vad_fed = 0  # the stream position up to which the VAD has been fed
         self._early_onset: int | None = None  # where the first frames of speech paused the reply
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
         self._speculated: str | None = None  # the words an early model start answers
@@ -161,13 +168,13 @@ class ListenProcessor(FrameProcessor):
         n = len(audio) // 2
         if self.muted:
             audio = bytes(len(audio))
-        state = await self._vad.analyze_audio(audio)
-        self.heard_audio.set()
         if self._wake is not None and self._wake.process(audio):
             self._wake_at = self.position + n
             self._events.log_speech(ListenWake(position=self._wake_at, model=self._wake.model), None)
             self.gate.on_wake(self._wake_at / MIC_RATE)
             self._events.woke()
+        state = await self._vad_state(audio, n)
+        self.heard_audio.set()
         if self.gate is not None:
             busy = self._events.assistant_busy()
             if self._busy and not busy:  # the assistant finished: the follow-up window opens
@@ -237,6 +244,28 @@ class ListenProcessor(FrameProcessor):
         if whole:  # not cut by the wake word: the speculation is of this audio
             frame.transcript, frame.pending = self.turn_end.final()
         return frame
+
+    async def _vad_state(self, audio: bytes, n: int) -> VADState:
+        """The VAD's state after this block, running it only when the moment
+        needs it (voice.speech.vad_gate); QUIET when it is off."""
+        if self._vad_gate is None:
+            return await self._vad.analyze_audio(audio)
+        end = self.position + n
+        active = self.speaking or self._state != VADState.QUIET or self._events.assistant_busy()
+        expected = self.gate is None or self._report_ignored or self.gate.expects_speech(end / MIC_RATE)
+        if not self._vad_gate.should_run(audio, end, active=active, expected=expected):
+            self._state = VADState.QUIET
+            return self._state
+        if self._vad_gate.restarting:  # over the pre-roll first, on the frame grid it had
+            preroll = b"".join(self._preroll)
+            start = self.position - len(preroll) // 2
+            skip = -start % FRAME
+            self._vad.restart(skipped=max(0, start + skip - self._vad_fed))
+            self._onsets.reset()
+            audio = preroll[skip * 2:] + audio
+        self._vad_fed = end
+        self._state = await self._vad.analyze_audio(audio)
+        return self._state
 
     def _pause_on_first_frames(self, n: int) -> None:
         """The acknowledgement from the first frames of speech (voice.speech.onset),
