@@ -17,7 +17,7 @@ from timeline import Timeline, at, barge_in, default_config, run_timeline
 from voice.log import events as ev
 from voice.speech.judge import STOP_PHRASES
 from voice.speech.stt import Transcript
-from voice.speech.turn_end import TurnEndSettings, TurnEndTracker, complete, decide
+from voice.speech.turn_end import OVER_REPLY_TAIL_S, TurnEndSettings, TurnEndTracker, complete, decide
 
 RATE = 16000
 BLOCK = 320
@@ -114,6 +114,26 @@ def test_no_speculation_while_the_assistant_speaks():
     for _ in range(10):
         tracker.block(utterance, BLOCK, False, may_speculate=False)
     assert not jobs
+
+
+def test_words_begun_over_the_reply_keep_more_of_the_silence_after_them():
+    """The release of the "p" in "Stop." comes ~100 ms after Silero's last
+    voiced frame: an utterance that began over the reply is recognised up to
+    OVER_REPLY_TAIL_S after it (and never speculated on before that), one
+    that did not up to speculate_s."""
+    audio: list[np.ndarray] = []
+    tracker = TurnEndTracker(TurnEndSettings(speculate_s=0.04), lambda a: audio.append(a) or _Job("Stop."), RATE)
+    for over_reply, tail_s in ((False, 0.04), (True, OVER_REPLY_TAIL_S)):
+        tracker.reset(over_reply=over_reply)
+        audio.clear()
+        utterance = bytearray()
+        _feed(tracker, utterance, voiced=True, blocks=10)
+        _feed(tracker, utterance, voiced=False, blocks=round(tail_s * RATE / BLOCK) - 1)
+        assert not audio  # not yet: the tail is not all there
+        _feed(tracker, utterance, voiced=False, blocks=30)
+        voiced_s = 10 * BLOCK / RATE
+        assert len(audio) == 1 and len(audio[0]) / RATE == pytest.approx(voiced_s + tail_s, abs=1 / RATE)
+        assert len(tracker.speech(utterance)) == 2 * len(audio[0])  # the final recognition: the same audio
 
 
 # -- the real pipeline on a timeline (fake recogniser, real VAD) -------------

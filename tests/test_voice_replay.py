@@ -390,6 +390,19 @@ def test_stop_over_a_long_reply_stops_it_and_nothing_more(replays):
     assert lines[-1] == "(a stop: not a request, so nothing more is said)", lines  # -v says why
 
 
+def test_a_stop_whose_last_consonant_follows_a_held_closure_still_stops(replays):
+    """Silero calls the silent closure before the "p" of "Stop." unvoiced;
+    words said over the reply are recognised up to 0.2 s past the last voiced
+    block, so the release is in what Whisper hears (at 50 ms it heard nothing
+    and the reply played on)."""
+    out = replays("stop_held")
+    (cut,) = summary(out)["turns"]
+    assert cut["status"] == ev.ABORTED and cut["interrupted"], _transcript(out)
+    assert_silent_after_ack(out, cut, None)
+    said = [ln for ln in _transcript(out) if not ln.startswith("(")]
+    assert said[-1].startswith("you: ") and words(said[-1].removeprefix("you: ")) == ["stop"], said
+
+
 def test_a_backchannel_long_enough_to_cut_the_reply_is_never_answered(replays):
     """A slow "mm hmm" (0.84 s voiced) confirms the barge-in by its length;
     once its words arrive they ask for nothing: no turn, no answer."""

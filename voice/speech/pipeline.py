@@ -196,7 +196,7 @@ class ListenProcessor(FrameProcessor):
             self._utterance_start = self.position + n - len(self._utterance) // 2
             await self.push_frame(UserStartedSpeakingFrame())
             self._barge_in = self._events.user_started(self._onset)
-            self.turn_end.reset()
+            self.turn_end.reset(over_reply=self._barge_in)
         # The end-of-turn tracker sees every block of the utterance (its voiced
         # blocks are the audio recognised), the one that confirms a barge-in too.
         ended = self.speaking and (state == VADState.QUIET or self._complete_turn(n, voiced))

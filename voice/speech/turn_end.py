@@ -12,7 +12,8 @@ person speaks on, the speculative transcript is stale and dropped.
 
 Every recognition of an utterance, speculative or final, is of the same
 audio: up to its last voiced block and `speculate_s` of the silence after
-it (`TurnEndTracker.speech`). Which of the two gave the words depends on
+it (`TurnEndTracker.speech`); `OVER_REPLY_TAIL_S` after it for one that
+began over the assistant's speech. Which of the two gave the words depends on
 how fast the machine was; the words themselves then do not, so a recorded
 session replays to the same transcript on any machine and under any load.
 
@@ -41,6 +42,13 @@ TRAILING = frozenset(
 # is not a request of its own: "Stop." is often followed by one.
 FILLERS = frozenset("okay ok please no yes yeah oh so well hey um uh er hmm mm".split())
 WORD = re.compile(r"[a-z0-9']+")
+
+# Words said over the reply are mostly short commands ending in a stop
+# consonant ("stop", "wait", "quit"): Silero calls the silent closure before
+# its release unvoiced, and cut 50 ms after the vowel, Whisper hears "Stop."
+# as "So", "All" or nothing. Nothing is speculated while the assistant speaks,
+# so keeping more of the silence costs an answer no time.
+OVER_REPLY_TAIL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -100,12 +108,14 @@ class TurnEndTracker:
         self.settings = settings
         self._start_job = start_job
         self._rate = rate
-        self._tail = 2 * max(1, int(settings.speculate_s * rate))  # bytes of silence kept after the speech
         self._stop_phrases = stop_phrases
         self.speculations = self.used = 0  # over the session: recognitions started, and those that gave the words
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, over_reply: bool = False) -> None:
+        """A new utterance; `over_reply`: it began while the assistant spoke."""
+        tail_s = max(self.settings.speculate_s, OVER_REPLY_TAIL_S) if over_reply else self.settings.speculate_s
+        self._tail = 2 * max(1, int(tail_s * self._rate))  # bytes of silence kept after the speech
         self._silent = 0  # samples since the last voiced block
         self._voiced_to = 0  # bytes of the utterance up to the end of its last voiced block
         self._spec: _Speculation | None = None
@@ -126,7 +136,7 @@ class TurnEndTracker:
             if not spec.job.cancelled() and spec.job.exception() is None:
                 self._result = (spec.covers, spec.job.result())
         if (self._spec is None and may_speculate and self.settings.enabled and not voiced
-                and silence_s >= self.settings.speculate_s and not self._covered()):
+                and 2 * self._silent >= self._tail and not self._covered()):
             speech = self.speech(utterance)
             audio = np.frombuffer(speech, np.int16).astype(np.float32) / 32768.0
             self._spec = _Speculation(len(speech), self._start_job(audio))
@@ -137,8 +147,9 @@ class TurnEndTracker:
 
     def speech(self, utterance: bytearray) -> bytes:
         """The audio any recognition of this utterance is of: its voiced
-        blocks and `speculate_s` of the silence after them (not the VAD's
-        whole closing silence, which a speculation never has)."""
+        blocks and `speculate_s` (over the reply `OVER_REPLY_TAIL_S`) of the
+        silence after them (not the VAD's whole closing silence, which a
+        speculation never has)."""
         return bytes(utterance[: self._voiced_to + self._tail])
 
     def _covered(self) -> bool:
