@@ -40,7 +40,7 @@ from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetec
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
 from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
-from voice.speech.vad_gate import VadGate
+from voice.speech.vad_gate import SoundGate, VadGate
 from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
@@ -141,6 +141,7 @@ class ListenProcessor(FrameProcessor):
         scoring = isinstance(vad, FrameScoringSilero)
         self._onsets = OnsetDetector() if scoring else None
         self._vad_gate = VadGate() if scoring else None  # runs the VAD only when the moment needs it
+        self._sound = SoundGate()  # whether the mic carries sound (the VAD and the wake word rest when not)
         self._state = VADState.QUIET  # the VAD's, after the last block
         self._vad_fed = 0  # the stream position up to which the VAD has been fed
         self._early_onset: int | None = None  # where the first frames of speech paused the reply
@@ -168,12 +169,13 @@ class ListenProcessor(FrameProcessor):
         n = len(audio) // 2
         if self.muted:
             audio = bytes(len(audio))
-        if self._wake is not None and self._wake.process(audio):
+        sound = self._sound.update(audio, self.position + n)
+        if self._wake is not None and self._wake_word_in(audio, sound):
             self._wake_at = self.position + n
             self._events.log_speech(ListenWake(position=self._wake_at, model=self._wake.model), None)
             self.gate.on_wake(self._wake_at / MIC_RATE)
             self._events.woke()
-        state = await self._vad_state(audio, n)
+        state = await self._vad_state(audio, n, sound)
         self.heard_audio.set()
         if self.gate is not None:
             busy = self._events.assistant_busy()
@@ -245,7 +247,18 @@ class ListenProcessor(FrameProcessor):
             frame.transcript, frame.pending = self.turn_end.final()
         return frame
 
-    async def _vad_state(self, audio: bytes, n: int) -> VADState:
+    def _wake_word_in(self, audio: bytes, sound: bool) -> bool:
+        """The wake-word detector on this block, only while the mic carries
+        sound (voice.speech.vad_gate); over the pre-roll first when it starts
+        again, so the model's context is the room's, not the last sound's."""
+        if not sound:
+            return False
+        if self._sound.opened:
+            for block in self._preroll:
+                self._wake.process(block)
+        return self._wake.process(audio)
+
+    async def _vad_state(self, audio: bytes, n: int, sound: bool) -> VADState:
         """The VAD's state after this block, running it only when the moment
         needs it (voice.speech.vad_gate); QUIET when it is off."""
         if self._vad_gate is None:
@@ -253,7 +266,7 @@ class ListenProcessor(FrameProcessor):
         end = self.position + n
         active = self.speaking or self._state != VADState.QUIET or self._events.assistant_busy()
         expected = self.gate is None or self._report_ignored or self.gate.expects_speech(end / MIC_RATE)
-        if not self._vad_gate.should_run(audio, end, active=active, expected=expected):
+        if not self._vad_gate.should_run(sound, active=active, expected=expected):
             self._state = VADState.QUIET
             return self._state
         if self._vad_gate.restarting:  # over the pre-roll first, on the frame grid it had
