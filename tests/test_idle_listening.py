@@ -59,14 +59,17 @@ def test_sound_opens_the_gate_at_once_and_it_stays_open_for_a_while():
     assert not gate.update(block(None), end + BLOCK)
 
 
-def test_the_vad_runs_on_sound_when_speech_is_expected_and_always_while_it_is_needed():
+def test_the_vad_runs_on_sound_when_speech_is_expected_and_always_while_it_is_deciding():
     gate = VadGate()
-    assert not gate.should_run(False, active=False, expected=True)  # silence
-    assert gate.should_run(True, active=False, expected=True) and gate.restarting
-    assert gate.should_run(True, active=False, expected=True) and not gate.restarting
-    assert gate.should_run(False, active=True, expected=False)  # the assistant busy, or mid-utterance
-    assert not gate.should_run(True, active=False, expected=False)  # wake mode, no wake word
-    assert gate.should_run(False, active=True, expected=True) and gate.restarting
+    assert not gate.should_run(False, deciding=False, busy=False, expected=True)  # silence
+    assert gate.should_run(True, deciding=False, busy=False, expected=True) and gate.restarting
+    assert gate.should_run(True, deciding=False, busy=False, expected=True) and not gate.restarting
+    assert gate.should_run(False, deciding=True, busy=False, expected=False)  # mid-utterance
+    assert not gate.should_run(True, deciding=False, busy=False, expected=False)  # wake mode, no wake word
+    assert gate.should_run(True, deciding=False, busy=True, expected=False)  # wake mode, over the reply
+    # Busy on silence: no rest that depends on when the turn began (a replay's words would)
+    assert not gate.should_run(False, deciding=False, busy=True, expected=True)
+    assert gate.should_run(True, deciding=False, busy=True, expected=True) and gate.restarting
 
 
 def test_the_wake_word_is_heard_after_silence_with_the_detector_resting_on_it():

@@ -173,6 +173,42 @@ def test_stop_with_a_request_is_answered_and_the_transcript_is_in_order(cut_afte
                             f"you: {STOP_AND_ASK}", f"assistant: {HONEY}"]
 
 
+# Where the 32 ms VAD frames fall in "Stop. Tell me something else instead.": 16 phases 2 ms apart.
+PHASES = [7.0 + k * 0.002 for k in range(16)]
+
+
+def test_a_stop_and_its_request_after_a_breath_are_one_turn_wherever_the_frames_fall(tmp_path):
+    """The breath after "Stop." is at the edge of the VAD's 0.6 s: at one
+    phase of the frames in 16 the stop ended alone and the request became a
+    turn of its own (seen in CI, where the replay's cut fell there). Words
+    begun over the reply end only after 1 s of silence."""
+    for i, when in enumerate(PHASES):
+        o = run_timeline(Timeline(clips=[ASK, at(when, "stop.wav", STOP_AND_ASK)],
+                                  replies=[{"text": POINTS, "chunk_delay_ms": 40}, {"text": HONEY, "chunk_delay_ms": 40}]),
+                         tmp_path / str(i))
+        assert not o.of_type(ev.USER_STOP), (when, o.transcript)
+        assert o.transcript[2:] == [f"you: {STOP_AND_ASK}", f"assistant: {HONEY}"], (when, o.transcript)
+
+
+def test_the_vad_hears_the_same_speech_however_long_the_request_before_it_took_to_recognise(tmp_path):
+    """A recording replays with recognition free on its clock, while live it
+    took its time: the VAD must decide the same from the same audio. When
+    the assistant's being busy kept the VAD running on silence, a rest began
+    or not depending on when the turn started after Whisper, the model's
+    state differed, and at 5 of these 16 phases the barge-in's speech was
+    cut differently (a recorded "Stop." replayed as "Stop!")."""
+    for i, when in enumerate(PHASES):
+        cuts = []
+        for compute_s in (0.0, 1.0):
+            o = run_timeline(Timeline(
+                clips=[at(0.5, "three_points.wav", ASK.said.text, compute_s=compute_s), at(when, "stop.wav", STOP_AND_ASK)],
+                replies=[{"text": POINTS, "chunk_delay_ms": 40}, {"text": HONEY, "chunk_delay_ms": 40}]), tmp_path / f"{i}-{compute_s}")
+            onset = o.clip_onsets()[1]
+            cuts.append([(e.payload["start"] - onset, e.payload["end"] - onset)
+                         for e in o.of_type(ev.LISTEN_SPEECH)[1:]])
+        assert cuts[0] == cuts[1], (when, cuts)
+
+
 # -- other cut points ---------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from timeline import Timeline, at, barge_in, default_config, run_timeline
 from voice.log import events as ev
 from voice.speech.judge import STOP_PHRASES
 from voice.speech.stt import Transcript
-from voice.speech.turn_end import OVER_REPLY_TAIL_S, TurnEndSettings, TurnEndTracker, complete, decide
+from voice.speech.turn_end import OVER_REPLY_END_S, OVER_REPLY_TAIL_S, TurnEndSettings, TurnEndTracker, complete, decide
 
 RATE = 16000
 BLOCK = 320
@@ -134,6 +134,24 @@ def test_words_begun_over_the_reply_keep_more_of_the_silence_after_them():
         voiced_s = 10 * BLOCK / RATE
         assert len(audio) == 1 and len(audio[0]) / RATE == pytest.approx(voiced_s + tail_s, abs=1 / RATE)
         assert len(tracker.speech(utterance)) == 2 * len(audio[0])  # the final recognition: the same audio
+
+
+def test_words_begun_over_the_reply_stay_open_for_a_second_of_silence():
+    """The VAD's own end (0.6 s) is held off for an utterance begun over the
+    reply until OVER_REPLY_END_S; a voiced block restarts the count."""
+    tracker = TurnEndTracker(TurnEndSettings(), lambda a: _Job("Stop."), RATE)
+    for over_reply in (False, True):
+        tracker.reset(over_reply=over_reply)
+        utterance = bytearray()
+        _feed(tracker, utterance, voiced=True, blocks=10)
+        assert tracker.holds_open() == over_reply
+        _feed(tracker, utterance, voiced=False, blocks=round(0.6 * RATE / BLOCK))
+        assert tracker.holds_open() == over_reply
+        _feed(tracker, utterance, voiced=True, blocks=1)
+        _feed(tracker, utterance, voiced=False, blocks=round(OVER_REPLY_END_S * RATE / BLOCK) - 1)
+        assert tracker.holds_open() == over_reply
+        _feed(tracker, utterance, voiced=False, blocks=1)
+        assert not tracker.holds_open()
 
 
 # -- the real pipeline on a timeline (fake recogniser, real VAD) -------------

@@ -100,8 +100,8 @@ class ListenEvents(Protocol):
 
 class ListenProcessor(FrameProcessor):
     """VAD on the mic stream. An utterance ends after `stop_secs` of silence
-    (the VAD's own rule), or earlier when its speculative transcript is a
-    complete request (voice.speech.turn_end). Smart-turn was measured
+    (the VAD's own rule; 1 s for one begun over the reply), or earlier when
+    its speculative transcript is a complete request (voice.speech.turn_end). Smart-turn was measured
     unreliable on these voices and on read human speech (benchmarks/
     turn_end.py --smart-turn) and costs 55-95 ms per decision.
 
@@ -201,7 +201,8 @@ class ListenProcessor(FrameProcessor):
             self.turn_end.reset(over_reply=self._barge_in)
         # The end-of-turn tracker sees every block of the utterance (its voiced
         # blocks are the audio recognised), the one that confirms a barge-in too.
-        ended = self.speaking and (state == VADState.QUIET or self._complete_turn(n, voiced))
+        ended = self.speaking and (self._complete_turn(n, voiced)
+                                   or (state == VADState.QUIET and not self.turn_end.holds_open()))
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
         if self._events.barge_in_block(n, voiced, self.position + n):
             await self.push_frame(InterruptionFrame())
@@ -264,9 +265,10 @@ class ListenProcessor(FrameProcessor):
         if self._vad_gate is None:
             return await self._vad.analyze_audio(audio)
         end = self.position + n
-        active = self.speaking or self._state != VADState.QUIET or self._events.assistant_busy()
+        deciding = self.speaking or self._state != VADState.QUIET
         expected = self.gate is None or self._report_ignored or self.gate.expects_speech(end / MIC_RATE)
-        if not self._vad_gate.should_run(sound, active=active, expected=expected):
+        if not self._vad_gate.should_run(sound, deciding=deciding, busy=self._events.assistant_busy(),
+                                         expected=expected):
             self._state = VADState.QUIET
             return self._state
         if self._vad_gate.restarting:  # over the pre-roll first, on the frame grid it had

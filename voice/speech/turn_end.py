@@ -7,8 +7,9 @@ voiced block for `speculate_s`) the utterance so far is transcribed in the
 background (speculation). When that transcript is a complete request and
 the pause has lasted `end_s`, the turn ends at once and the transcript is
 the final one: no recognition is left after the end of turn. An incomplete
-transcript ("Go forward,", "Stop.") waits the VAD's full silence; if the
-person speaks on, the speculative transcript is stale and dropped.
+transcript ("Go forward,", "Stop.") waits the VAD's full silence (words
+begun over the reply: `OVER_REPLY_END_S`); if the person speaks on, the
+speculative transcript is stale and dropped.
 
 Every recognition of an utterance, speculative or final, is of the same
 audio: up to its last voiced block and `speculate_s` of the silence after
@@ -49,6 +50,14 @@ WORD = re.compile(r"[a-z0-9']+")
 # as "So", "All" or nothing. Nothing is speculated while the assistant speaks,
 # so keeping more of the silence costs an answer no time.
 OVER_REPLY_TAIL_S = 0.2
+# And they are often followed by more after a breath: "Stop. Tell me something
+# else instead." has 0.5-0.6 s between Silero's last voiced frame of "Stop"
+# and its first of "Tell", at the edge of the VAD's 0.6 s, so whether it was
+# one turn or a stop and then a request depended on where the 32 ms frames
+# fell. Such an utterance ends after this much silence instead. The reply is
+# already paused, so the person hears no difference; a cough's pause resumes
+# this much later.
+OVER_REPLY_END_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ class TurnEndTracker:
     def reset(self, over_reply: bool = False) -> None:
         """A new utterance; `over_reply`: it began while the assistant spoke."""
         tail_s = max(self.settings.speculate_s, OVER_REPLY_TAIL_S) if over_reply else self.settings.speculate_s
+        self._over_reply = over_reply
         self._tail = 2 * max(1, int(tail_s * self._rate))  # bytes of silence kept after the speech
         self._silent = 0  # samples since the last voiced block
         self._voiced_to = 0  # bytes of the utterance up to the end of its last voiced block
@@ -144,6 +154,12 @@ class TurnEndTracker:
             self.speculations += 1
         transcript = self.transcript()
         return decide(transcript.text if transcript else None, silence_s, self.settings, self._stop_phrases)
+
+    def holds_open(self) -> bool:
+        """The VAD has heard enough silence to end the utterance; keep it
+        open anyway? Yes for one begun over the reply, until
+        `OVER_REPLY_END_S` of silence."""
+        return self._over_reply and self._silent < OVER_REPLY_END_S * self._rate
 
     def speech(self, utterance: bytearray) -> bytes:
         """The audio any recognition of this utterance is of: its voiced

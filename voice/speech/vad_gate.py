@@ -2,15 +2,23 @@
 
 Silero through pipecat's analyzer on every block (one model call per 32 ms,
 one executor hop per block) was most of what the service cost while it
-waited for speech (benchmarks/RESULTS.md, idle CPU). It is needed only
+waited for speech (benchmarks/RESULTS.md, idle CPU). It is needed
 - while it is mid-decision (an utterance going on, or starting or stopping),
-- while the assistant is busy (a barge-in must be heard at once), and
-- when speech now could be for the assistant: in open mode always, in wake
-  mode in the conversation window and after a wake word (until then only
-  the wake-word detector listens),
-and then only when the mic carries sound at all (`SoundGate`): a block under
-`LEVEL_FLOOR_DBFS` with none over it for `HOLD_S` holds no speech worth a
-model call. The same level gate stands in front of the wake-word detector.
+  and otherwise only when the mic carries sound at all (`SoundGate`: a block
+  under `LEVEL_FLOOR_DBFS` with none over it for `HOLD_S` holds no speech
+  worth a model call) and
+- the assistant is busy (a barge-in must be heard at once), or speech now
+  could be for the assistant: in open mode always, in wake mode in the
+  conversation window and after a wake word (until then only the wake-word
+  detector listens).
+The same level gate stands in front of the wake-word detector.
+
+Whether the VAD rests never depends on how fast the machine is, in open
+mode: a rest changes the model's state (it skips the silence), so a rest
+that began when the assistant's turn happened to start (after Whisper, so
+later on a slower machine) made a recorded session replay to other words,
+and split "Stop. Tell me something else instead." in two on one machine and
+not on another. Being busy only keeps it running while there is sound.
 
 When a model starts again it is first fed the listener's pre-roll (the last
 half second), so speech that began just before, the start of a request
@@ -47,12 +55,12 @@ class VadGate:
     def __init__(self) -> None:
         self.running = self.restarting = False
 
-    def should_run(self, sound: bool, *, active: bool, expected: bool) -> bool:
+    def should_run(self, sound: bool, *, deciding: bool, busy: bool, expected: bool) -> bool:
         """Run the VAD on this block? `sound`: the SoundGate is open;
-        `active`: it must (mid-decision, or the assistant busy); `expected`:
-        speech now could be for the assistant. `restarting` then says
-        whether the VAD was off until now."""
-        run = active or (expected and sound)
+        `deciding`: an utterance is going on, starting or stopping; `busy`:
+        the assistant is; `expected`: speech now could be for the assistant.
+        `restarting` then says whether the VAD was off until now."""
+        run = deciding or (sound and (busy or expected))
         self.restarting = run and not self.running
         self.running = run
         return run
