@@ -101,9 +101,10 @@ class ListenEvents(Protocol):
 class ListenProcessor(FrameProcessor):
     """VAD on the mic stream. An utterance ends after `stop_secs` of silence
     (the VAD's own rule; 1 s for one begun over the reply), or earlier when
-    its speculative transcript is a complete request (voice.speech.turn_end). Smart-turn was measured
-    unreliable on these voices and on read human speech (benchmarks/
-    turn_end.py --smart-turn) and costs 55-95 ms per decision.
+    its speculative transcript is a complete request (voice.speech.turn_end).
+    Smart-turn was measured unreliable on these voices and on read human
+    speech (benchmarks/turn_end.py --smart-turn) and costs 55-95 ms per
+    decision.
 
     Writes `listen/speech` as each stretch of speech ends and `listen/wake`
     when the wake word fires (mic positions): one row per utterance, never

@@ -16,9 +16,8 @@ The same level gate stands in front of the wake-word detector.
 Whether the VAD rests never depends on how fast the machine is, in open
 mode: a rest changes the model's state (it skips the silence), so a rest
 that began when the assistant's turn happened to start (after Whisper, so
-later on a slower machine) made a recorded session replay to other words,
-and split "Stop. Tell me something else instead." in two on one machine and
-not on another. Being busy only keeps it running while there is sound.
+later on a slower machine) made a recorded session replay to other words.
+Being busy only keeps it running while there is sound.
 
 When a model starts again it is first fed the listener's pre-roll (the last
 half second), so speech that began just before, the start of a request
