@@ -25,6 +25,7 @@ from voice.log import events as ev
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.speakable import SpeakableStream
+from voice.speech.vad_gate import SoundGate
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
@@ -432,6 +433,23 @@ def test_verbose_shows_speech_ignored_for_lack_of_the_wake_word(replays):
     out = replays("wake_word")
     ignored = [ln for ln in _transcript(out) if "without the wake word" in ln]
     assert len(ignored) == 2, _transcript(out)  # "tell me about London", and the note after the window closed
+
+
+def test_in_wake_mode_the_listeners_models_rest_on_silence_and_still_hear_the_wake_word(replays):
+    """The wake-word model and the VAD run only while the mic carries sound
+    (voice.speech.vad_gate.SoundGate): on this scenario's silences (about
+    half of it) neither runs, and the wake word is still heard."""
+    out = replays("wake_word")
+    listener = summary(out)["listener"]
+    mic = read_mono16k(out / "mic.wav")
+    gate, sounding, block = SoundGate(), 0, 320
+    for end in range(block, len(mic) + 1, block):
+        sounding += gate.update(mic[end - block:end].tobytes(), end)
+    assert listener["blocks"] == len(mic) // block
+    # At least where the raw mic carried sound; a little more where the echo canceller rings after it
+    for runs in (listener["wake_runs"], listener["vad_runs"]):  # -v: the VAD listens wherever the wake word does
+        assert sounding <= runs <= 1.2 * sounding < 0.6 * listener["blocks"], (listener, sounding)
+    assert any(ln.startswith("you: ") and "time" in ln for ln in _transcript(out))
 
 
 def test_a_barge_in_with_no_reply_to_cut_is_said_as_a_request(replays):

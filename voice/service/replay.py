@@ -194,9 +194,12 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
         })
     lateness = sorted(device.tick_lateness) or [0.0]
     duration = device.position / MIC_RATE
-    tracker = session.parts.listen.turn_end
+    listen = session.parts.listen
+    tracker = listen.turn_end
     return {
         "turns": turns,
+        # mic blocks, and how many of them the VAD and the wake-word model ran on (they rest on silence)
+        "listener": {"blocks": listen.blocks, "vad_runs": listen.vad_runs, "wake_runs": listen.wake_runs},
         # speculative recognitions, and model requests started before their turn (voice.agent.preempt)
         "turn_end": {"speculations": tracker.speculations, "used": tracker.used,
                      "early_starts": session.parts.turns.early_starts, "early_used": session.parts.turns.early_used},

@@ -147,6 +147,7 @@ class ListenProcessor(FrameProcessor):
         self._vad_fed = 0  # the stream position up to which the VAD has been fed
         self._early_onset: int | None = None  # where the first frames of speech paused the reply
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
+        self.blocks = self.vad_runs = self.wake_runs = 0  # mic blocks, and those each model ran on
         self._speculated: str | None = None  # the words an early model start answers
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -168,6 +169,7 @@ class ListenProcessor(FrameProcessor):
 
     async def _listen(self, audio: bytes) -> None:
         n = len(audio) // 2
+        self.blocks += 1
         if self.muted:
             audio = bytes(len(audio))
         sound = self._sound.update(audio, self.position + n)
@@ -255,6 +257,7 @@ class ListenProcessor(FrameProcessor):
         again, so the model's context is the room's, not the last sound's."""
         if not sound:
             return False
+        self.wake_runs += 1
         if self._sound.opened:
             for block in self._preroll:
                 self._wake.process(block)
@@ -264,6 +267,7 @@ class ListenProcessor(FrameProcessor):
         """The VAD's state after this block, running it only when the moment
         needs it (voice.speech.vad_gate); QUIET when it is off."""
         if self._vad_gate is None:
+            self.vad_runs += 1
             return await self._vad.analyze_audio(audio)
         end = self.position + n
         deciding = self.speaking or self._state != VADState.QUIET
@@ -280,6 +284,7 @@ class ListenProcessor(FrameProcessor):
             self._onsets.reset()
             audio = preroll[skip * 2:] + audio
         self._vad_fed = end
+        self.vad_runs += 1
         self._state = await self._vad.analyze_audio(audio)
         return self._state
 
