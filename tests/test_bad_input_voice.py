@@ -51,6 +51,34 @@ def test_a_corrupt_scenario_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "not valid TOML" in out.stderr
 
 
+ASK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
+REPLY = '[[reply]]\ntext = "hi"\n'
+
+
+@pytest.mark.parametrize("scenario,line", [
+    # Found by a hostile tester: each was a traceback, a message naming no key, or accepted as nonsense
+    (ASK.replace("at = 0.5", "at = nan") + REPLY, "[[user]] 1 at = nan: a number from 0 to 86400"),
+    (ASK.replace("at = 0.5", "at = -5.0") + REPLY, "[[user]] 1 at = -5.0: a number from 0 to 86400"),
+    (ASK.replace("at = 0.5", 'at = "soon"') + REPLY, "[[user]] 1 at = 'soon': a number from 0 to 86400"),
+    (ASK.replace('"ask.wav"', "5") + REPLY, "[[user]] 1 audio = 5: a quoted string"),
+    ("tail = inf\n" + ASK + REPLY, "tail = inf: a number from 0 to 86400"),
+    ("mic_blocks = 5\n" + ASK + REPLY, "mic_blocks = 5: a quoted string"),
+    ('[listen]\necho_cancellation = "false"\n' + ASK + REPLY,
+     "[listen] echo_cancellation = 'false': true or false, unquoted"),
+    ('[listen]\nmode = "bogus"\n' + ASK + REPLY, "[listen] mode = 'bogus': \"open\" or \"wake\""),
+    ("[echo]\ndelay_ms = 1e9\n" + ASK + REPLY, "[echo] delay_ms = 1000000000.0: a number from 0 to 1000"),
+    (ASK + REPLY + "chunk_delay_ms = -100\n", "reply 1 chunk_delay_ms = -100: a number from 0 to 60000"),
+])
+def test_a_scenario_value_out_of_its_range_is_one_line_naming_the_key(tmp_path, scenario, line):
+    write_wav(tmp_path / "ask.wav", [0] * 1600, 16000)
+    path = tmp_path / "s.toml"
+    path.write_text(scenario)
+    out = replay(tmp_path, path)
+    assert (out.returncode, out.stderr) == (2, f"voice: error: scenario {path}: {line}\n") or (
+        out.returncode == 2 and out.stderr == f"voice: error: {path}: {line}\n"), out.stderr
+    assert not (tmp_path / "out" / "events.db").exists()
+
+
 def test_a_wav_at_another_rate_is_resampled(tmp_path):
     import numpy as np
 

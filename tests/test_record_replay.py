@@ -8,6 +8,7 @@ decisions. The live-audio version is in tests/live/test_live_barge_in.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import time
 import tomllib
@@ -133,6 +134,21 @@ def test_a_committed_live_recording_replays_in_ci(tmp_path):
     assert "recognition (free on the replay&#x27;s clock)" in page and "first token (held to the recorded time)" in page
 
 
+def test_a_recording_whose_mic_is_cut_short_is_refused_not_replayed_to_another_outcome(tmp_path):
+    """Found by a hostile tester: a mic.wav cut to its first 4 s (a full
+    disk, a bad copy) replayed without a word to one turn, not cut, where
+    the session had two. Its header still says how long it was."""
+    recording = tmp_path / "rec"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in", recording)
+    mic = recording / "mic.wav"
+    mic.write_bytes(mic.read_bytes()[:44 + 4 * 16000 * 2])
+    done = voice(tmp_path, "replay", str(recording / "scenario.toml"), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        f"voice: error: {mic} ends after 4.0 s but its header says 16.8 s: the file is truncated "
+        f"(to use what is there: sox --ignore-length mic.wav fixed.wav)"), done.stderr
+    assert not (tmp_path / "out" / "events.db").exists()
+
+
 def test_voice_show_draws_a_logged_turn_and_says_what_an_older_log_lacks(tmp_path):
     from show_log import write_turn
 
@@ -161,6 +177,30 @@ def test_voice_show_bad_input_is_one_line(tmp_path):
     ):
         done = voice(tmp_path, *args)
         assert (done.returncode, done.stderr.strip()) == (2, line)
+
+
+def test_voice_show_never_writes_its_page_over_the_log_or_a_recording(tmp_path):
+    """Found by a hostile tester: `--out` naming the log itself wrote the
+    page over it (the conversation gone). Only an earlier page or picture
+    is written over; a second drawing of the same turn still replaces it."""
+    from show_log import write_turn
+
+    write_turn(tmp_path / "log")
+    db = tmp_path / "log" / "events.db"
+    (tmp_path / "mic.wav").write_bytes(b"RIFF\0\0\0\0WAVEfmt ")
+    kept = {p: p.read_bytes() for p in (db, tmp_path / "mic.wav")}
+    for flag, target in (("--out", db), ("--png", db), ("--png", tmp_path / "mic.wav"), ("--out", tmp_path / "mic.wav")):
+        done = voice(tmp_path, "show", "1", "--db", str(db), flag, str(target))
+        kind = "an HTML page" if flag == "--out" else "a PNG picture"
+        assert (done.returncode, done.stderr.strip()) == (
+            2, f"voice: error: {target} exists and is not {kind}: voice show writes only over its own output; "
+               f"choose a new file"), done.stderr
+    assert {p: p.read_bytes() for p in kept} == kept
+    page = tmp_path / "turn.html"
+    for _ in range(2):
+        done = voice(tmp_path, "show", "1", "--db", str(db), "--out", str(page))
+        assert done.returncode == 0, done.stderr
+    assert page.read_bytes().startswith(b"<!doctype html>")
 
 
 # -- what a hostile tester found (issue #18's review) ------------------------------------------

@@ -309,9 +309,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     if args.out is None and args.png is None:
         raise UsageError("voice show needs --out FILE.html or --png FILE.png (or both)")
-    for path in (args.out, args.png):  # both, before either is written: never a page without its PNG
+    for path, kind in ((args.out, _PAGE), (args.png, _PICTURE)):  # both first: never a page without its PNG
         if path is not None:
             _check_writable(Path(path))
+            _check_replaceable(Path(path), kind)
     store = _store(args, _config(args))
     conv = _conversation_of(store, args, args.turn)
     timeline = from_store(store, conv, args.turn)
@@ -325,6 +326,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     for gap in timeline.gaps:
         print(f"not in the log: {gap}", file=sys.stderr)
     return 0
+
+
+_PAGE = ("an HTML page", b"<!doctype html>")
+_PICTURE = ("a PNG picture", b"\x89PNG\r\n\x1a\n")
+
+
+def _check_replaceable(path: Path, kind: tuple[str, bytes]) -> None:
+    """Only an earlier page or picture is written over: never the log, a
+    recording or anything else a mistyped path names."""
+    if not path.is_file():
+        return
+    with path.open("rb") as f:
+        head = f.read(len(kind[1]))
+    if head.lower() != kind[1].lower():
+        raise UsageError(f"{path} exists and is not {kind[0]}: voice show writes only over its own output; "
+                         f"choose a new file")
 
 
 def _check_writable(path: Path) -> None:

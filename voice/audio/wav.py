@@ -13,6 +13,11 @@ class BadAudio(ValueError):
     pass
 
 
+# A writer that streams puts a placeholder this large (or larger) in the header
+# instead of the length it does not know yet: such a file is not truncated.
+_STREAMED_FRAMES = 0x7FFF_0000 // 2
+
+
 def read_mono16k(path: str | Path, rate: int = 16000) -> np.ndarray:
     """A WAV as int16 mono at `rate`. Other rates are resampled (soxr);
     stereo is refused with the fix, since mixing could hide a wrong file."""
@@ -22,7 +27,8 @@ def read_mono16k(path: str | Path, rate: int = 16000) -> np.ndarray:
     try:
         with wave.open(str(path), "rb") as w:
             channels, width, src_rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-            frames = w.readframes(w.getnframes())
+            declared = w.getnframes()
+            frames = w.readframes(declared)
     except FileNotFoundError:
         raise BadAudio(f"audio file not found: {path}") from None
     except OSError as exc:
@@ -39,6 +45,10 @@ def read_mono16k(path: str | Path, rate: int = 16000) -> np.ndarray:
         raise BadAudio(f"{path}: {channels} channels; convert to mono: sox {path.name} -c 1 out.wav")
     if len(frames) % 2:
         raise BadAudio(f"{path} is not a readable WAV file: it ends in the middle of a sample")
+    if len(frames) // 2 < declared and declared < _STREAMED_FRAMES:  # cut short: a replay of it would differ
+        raise BadAudio(f"{path} ends after {len(frames) / 2 / src_rate:.1f} s but its header says "
+                       f"{declared / src_rate:.1f} s: the file is truncated (to use what is there: "
+                       f"sox --ignore-length {path.name} fixed.wav)")
     samples = np.frombuffer(frames, dtype="<i2").astype(np.int16)
     if src_rate != rate:
         samples = soxr.resample(samples, src_rate, rate).astype(np.int16)

@@ -54,7 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voice.agent.providers.scripted import ScriptedProvider, ScriptedReply, load_script, parse_replies
+from voice.agent.providers.scripted import (ScriptedProvider, ScriptedReply, checked_number, load_script,
+                                            parse_replies)
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 
@@ -108,6 +109,23 @@ class Scenario:
         return ScriptedProvider(list(self.replies or ()), name=self.path.name, clock=clock)
 
 
+DAY_S = 86_400.0  # no time in a scenario is longer than this
+MAX_BLOCK = 16_000  # samples in one recorded mic block (1 s)
+# [echo] value ranges: what a room and a laptop's speaker and mic can do
+_ECHO_RANGES = {"delay_ms": (0.0, 1000.0), "gain_db": (-120.0, 20.0), "reverb_s": (0.0, 10.0),
+                "noise_db": (-150.0, 0.0)}
+
+
+def _number(path: Path, where: str, value, low: float, high: float) -> float:
+    return checked_number(f"scenario {path}: {where}", value, low, high)
+
+
+def _text(path: Path, where: str, value) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"scenario {path}: {where} = {value!r}: a quoted string")
+    return value
+
+
 def _onset(samples: np.ndarray, threshold: int = 500) -> int:
     loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
     return int(loud[0]) if len(loud) else 0
@@ -143,8 +161,10 @@ def load_scenario(path: str | Path) -> Scenario:
             raise ValueError(f"scenario {path}: [[user]] {n} needs exactly one of {', '.join(_WHEN)}")
         if n == 1 and given[0] != "at":
             raise ValueError(f"scenario {path}: the first [[user]] must start at a time (at = SECONDS)")
-        audio = read_mono16k(path.parent / u["audio"])
-        users.append(UserClip(audio, u["audio"], given[0], float(u[given[0]]), _onset(audio)))
+        name = _text(path, f"[[user]] {n} audio", u["audio"])
+        when = _number(path, f"[[user]] {n} {given[0]}", u[given[0]], 0.0, DAY_S)
+        audio = read_mono16k(path.parent / name)
+        users.append(UserClip(audio, name, given[0], when, _onset(audio)))
     if not users:
         raise ValueError(f"scenario {path} has no [[user]] audio")
     replies = llm = None
@@ -164,32 +184,41 @@ def load_scenario(path: str | Path) -> Scenario:
                 "confirmed", "failed", "unknown"):
             raise ValueError(f"scenario {path}: [[tool]] {n}: effect is read or write; receipt confirmed, failed "
                              "or unknown")
-        tools.append(ScenarioTool(str(t["name"]), float(t.get("wait_s", 0)), str(t.get("result", "")),
+        tools.append(ScenarioTool(str(t["name"]), _number(path, f"[[tool]] {n} wait_s", t.get("wait_s", 0), 0.0, DAY_S),
+                                  str(t.get("result", "")),
                                   str(t.get("effect", "read")), t.get("receipt"),
                                   str(t["phrase"]) if "phrase" in t else None))
     echo = None
     if "echo" in data:
         if not isinstance(data["echo"], dict) or set(data["echo"]) - _ECHO:
             raise ValueError(f"scenario {path}: [echo] allows only {sorted(_ECHO)}")
-        echo = EchoPath(**{k: float(v) for k, v in data["echo"].items()})
+        echo = EchoPath(**{k: _number(path, f"[echo] {k}", v, *_ECHO_RANGES[k]) for k, v in data["echo"].items()})
     listen = data.get("listen", {})
     if not isinstance(listen, dict) or set(listen) - {"echo_cancellation", "mode", "window_s"}:
         raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation, mode, window_s")
+    if not isinstance(listen.get("echo_cancellation", False), bool):
+        raise ValueError(f"scenario {path}: [listen] echo_cancellation = {listen['echo_cancellation']!r}: "
+                         "true or false, unquoted")
+    if listen.get("mode", "open") not in ("open", "wake"):
+        raise ValueError(f"scenario {path}: [listen] mode = {listen['mode']!r}: \"open\" or \"wake\"")
+    window_s = _number(path, "[listen] window_s", listen["window_s"], 0.5, DAY_S) if "window_s" in listen else None
     timing = data.get("timing", "measured")
     if timing not in ("measured", "recorded"):
         raise ValueError(f"scenario {path}: timing is \"measured\" (inference takes its time) or \"recorded\"")
     plays = []
     for n, p in enumerate(data.get("play", []), 1):
-        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["at_s"], (int, float)) \
-                or not isinstance(p["sentence"], int):
+        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["sentence"], int) \
+                or isinstance(p["sentence"], bool) or p["sentence"] < 0:
             raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
                              "sentence = INDEX and at_s = SECONDS")
-        plays.append((str(p["message"]), p["sentence"], float(p["at_s"])))
-    return Scenario(path, tuple(users), replies, llm, float(data.get("tail", 1.5)),
-                    float(data.get("max_duration", 180.0)), data.get("stt_model"), tuple(tools), echo,
-                    listen.get("echo_cancellation"), str(listen.get("mode", "open")),
-                    float(listen["window_s"]) if "window_s" in listen else None, tuple(plays), timing,
-                    _blocks(path, data.get("mic_blocks")))
+        plays.append((_text(path, f"[[play]] {n} message", p["message"]), p["sentence"],
+                      _number(path, f"[[play]] {n} at_s", p["at_s"], 0.0, DAY_S)))
+    stt_model = _text(path, "stt_model", data["stt_model"]) if "stt_model" in data else None
+    mic_blocks = _text(path, "mic_blocks", data["mic_blocks"]) if "mic_blocks" in data else None
+    return Scenario(path, tuple(users), replies, llm, _number(path, "tail", data.get("tail", 1.5), 0.0, DAY_S),
+                    _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
+                    tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
+                    tuple(plays), timing, _blocks(path, mic_blocks))
 
 
 def _blocks(path: Path, name: str | None) -> tuple[int, ...]:
@@ -201,6 +230,6 @@ def _blocks(path: Path, name: str | None) -> tuple[int, ...]:
         raise ValueError(f"scenario {path}: mic_blocks {name}: {exc.strerror or exc}") from None
     except ValueError:
         raise ValueError(f"scenario {path}: mic_blocks {name} must hold one block size (samples) a line") from None
-    if any(n <= 0 for n in sizes):
-        raise ValueError(f"scenario {path}: mic_blocks {name}: block sizes must be above 0")
+    if any(not 0 < n <= MAX_BLOCK for n in sizes):  # a sound card delivers tens of milliseconds at a time
+        raise ValueError(f"scenario {path}: mic_blocks {name}: block sizes must be from 1 to {MAX_BLOCK} samples")
     return sizes

@@ -78,6 +78,15 @@ def split_words(text: str) -> list[str]:
     return pieces
 
 
+def checked_number(where: str, value: Any, low: float, high: float) -> float:
+    """A number from a scripted file or a scenario: a real number (not text,
+    not a bool), finite, within [low, high]; else a one-line error naming
+    `where` (the file and the key)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{where} = {value!r}: a number from {low:g} to {high:g}")
+    return float(value)
+
+
 def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
     replies = []
     for n, item in enumerate(raw, 1):
@@ -103,13 +112,16 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
             ScriptedReply(
                 text=str(item.get("text", "")),
                 reasoning=str(item.get("reasoning", "")),
-                chunk_delay_ms=float(item.get("chunk_delay_ms", 80)),
-                first_delay_ms=float(item.get("first_delay_ms", 0)),
-                error_after_chars=int(item.get("error_after_chars", 0)),
+                chunk_delay_ms=checked_number(f"{where}: reply {n} chunk_delay_ms", item.get("chunk_delay_ms", 80),
+                                              0, 60_000),
+                first_delay_ms=checked_number(f"{where}: reply {n} first_delay_ms", item.get("first_delay_ms", 0),
+                                              0, 3_600_000),
+                error_after_chars=int(checked_number(f"{where}: reply {n} error_after_chars",
+                                                     item.get("error_after_chars", 0), 0, 10**9)),
                 finish=item.get("finish"),
                 tool_calls=tuple(calls),
                 text_after_tools=str(item.get("text_after_tools", "")),
-                at_s=float(item["at_s"]) if "at_s" in item else None,
+                at_s=checked_number(f"{where}: reply {n} at_s", item["at_s"], 0, 86_400) if "at_s" in item else None,
             )
         )
     return replies
