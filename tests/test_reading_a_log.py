@@ -65,6 +65,31 @@ def test_a_mistyped_db_is_no_such_log_and_creates_nothing(tmp_path, command):
     assert not (tmp_path / "nope").exists() and not (tmp_path / "t.html").exists()
 
 
+@pytest.mark.parametrize("payload", ['{"a":', "[1, 2, 3]", "{}"], ids=["not-json", "not-an-object", "empty"])
+def test_a_row_damaged_outside_voice_is_one_line_naming_it_and_the_log_is_left_as_it_is(tmp_path, payload):
+    """Found by a hostile tester: a payload changed in place (the integrity
+    check still says ok) gave each reader a traceback. Now: which row, and
+    what to do; nothing of the log changed."""
+    write_turn(tmp_path / "log")
+    db = tmp_path / "log" / "events.db"
+    with sqlite3.connect(db) as c:  # voice's triggers forbid this; someone with sqlite3 did it anyway
+        seq, type_ = c.execute("SELECT seq, type FROM events WHERE turn = 1 ORDER BY seq LIMIT 1 OFFSET 1").fetchone()
+        c.executescript(f"DROP TRIGGER events_no_update; UPDATE events SET payload = '{payload}' WHERE seq = {seq};")
+    c.close()
+    before = folder_as_it_is(db.parent)
+    for command in READERS:
+        done = voice(tmp_path, *(a.format(tmp=tmp_path) for a in command), "--db", str(db))
+        assert "Traceback" not in done.stderr, (command, done.stderr)
+        if done.returncode == 0 and command[0] in ("trace", "effects"):
+            continue  # they read only some types of rows, and this one is not among them
+        assert done.returncode == 2, (command, done.stderr)
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"voice: error: the log has a damaged row: event {seq} ({type_}) ") and line.endswith(
+            "it was changed outside voice: restore it from a backup, or give another log with --db"), line
+        assert folder_as_it_is(db.parent) == before, command
+    assert not (tmp_path / "t.html").exists()
+
+
 def test_show_checks_both_outputs_before_writing_either(tmp_path):
     write_turn(tmp_path / "log")
     page, png = tmp_path / "t.html", tmp_path / "missing" / "t.png"

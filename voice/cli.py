@@ -451,10 +451,16 @@ COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "sho
 def main(argv: list[str] | None = None) -> int:
     from voice.paths import make_files_private
 
+    from voice.log.events import DamagedEvent
+
     make_files_private()  # the log, notes, recordings: the user's alone
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
+    except DamagedEvent as exc:  # a log changed outside voice: say which row, keep the rest as it is
+        print(f"voice: error: the log has a damaged row: {exc}; it was changed outside voice: restore it from "
+              "a backup, or give another log with --db", file=sys.stderr)
+        return 2
     except (UsageError, Failed, BrokenPipeError, BaseExceptionGroup) as exc:
         leaves = _leaves(exc)
         if not all(isinstance(e, (UsageError, Failed, BrokenPipeError)) for e in leaves):

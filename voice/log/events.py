@@ -572,13 +572,26 @@ class TurnEnd(Body):
     error: str | None = optional()
 
 
+class DamagedEvent(ValueError):
+    """A row this program cannot read: its payload is not a JSON object, lacks
+    a required key, or has a type this program does not know. Only a change
+    made outside voice does that (the log is append-only)."""
+
+    def __init__(self, seq: int, type_: str, why: str):
+        super().__init__(f"event {seq} ({type_}) {why}")
+        self.seq = seq
+
+
 def parse(event: Event) -> Body:
-    """The typed body of a row. Raises ValueError for a type this program
+    """The typed body of a row. Raises DamagedEvent for a type this program
     does not know or a payload without a required key."""
     kind = BODIES.get(event.type)
     if kind is None:
-        raise ValueError(f"unknown event type {event.type!r} (seq {event.seq})")
-    return kind.from_payload(event.payload)
+        raise DamagedEvent(event.seq, event.type, "has a type this program does not know")
+    try:
+        return kind.from_payload(event.payload)
+    except (ValueError, TypeError) as exc:
+        raise DamagedEvent(event.seq, event.type, f"cannot be read: {exc}") from None
 
 
 # -- the type strings, for filters and older call sites ----------------------

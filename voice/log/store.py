@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.log.events import (
+    DamagedEvent,
     BODIES,
     DURABLE_TYPES,
     EVENT_TYPES,
@@ -357,7 +358,13 @@ class EventStore:
 
     @staticmethod
     def _row(r: tuple) -> Event:
-        return Event(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8])
+        try:
+            payload = json.loads(r[6])
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+            payload = None
+        if not isinstance(payload, dict):
+            raise DamagedEvent(r[0], r[5], "has a payload that is not a JSON object")
+        return Event(r[0], r[1], r[2], r[3], r[4], r[5], payload, r[7], r[8])
 
     def conversations(self) -> list[str]:
         """Conversation ids, oldest first (by their first event)."""
