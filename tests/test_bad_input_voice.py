@@ -63,6 +63,8 @@ REPLY = '[[reply]]\ntext = "hi"\n'
     (ASK.replace('"ask.wav"', "5") + REPLY, "[[user]] 1 audio = 5: a quoted string"),
     ("tail = inf\n" + ASK + REPLY, "tail = inf: a number from 0 to 86400"),
     ("mic_blocks = 5\n" + ASK + REPLY, "mic_blocks = 5: a quoted string"),
+    # was the config's key (stt.model) in the message, and a log left in --out refused the corrected rerun
+    ('stt_model = "nosuch"\n' + ASK + REPLY, "stt_model = 'nosuch': allowed base, tiny.en"),
     ('[listen]\necho_cancellation = "false"\n' + ASK + REPLY,
      "[listen] echo_cancellation = 'false': true or false, unquoted"),
     ('[listen]\nmode = "bogus"\n' + ASK + REPLY, "[listen] mode = 'bogus': \"open\" or \"wake\""),

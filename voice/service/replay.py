@@ -71,13 +71,14 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         if provider is None:
             with clock.busy():  # a real server's answer is network I/O: the clock must not jump over it
                 provider = _OnVirtualClock(await open_provider(llm, config), clock)
+        # The models first: one that cannot load (a bad stt_model) leaves no log behind in --out
+        models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
+                             echo_cancellation=aec_on, echo_required=True)
         store = EventStore(out / "events.db")
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
         async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False) as app:
             for name in dict.fromkeys(t.name for t in scenario.tools):
                 app.tools.add(_scenario_tool([t for t in scenario.tools if t.name == name]))
-            models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
-                                 echo_cancellation=aec_on, echo_required=True)
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
                                           aside=(lambda line: print(line, flush=True)) if verbose else None,
                                           play_at=scenario.play_at(device.out_rate),

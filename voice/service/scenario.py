@@ -58,6 +58,7 @@ from voice.agent.providers.scripted import (ScriptedProvider, ScriptedReply, che
                                             parse_replies)
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
+from voice.speech.stt import STT_MODELS
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
         "mic_blocks"}
@@ -214,6 +215,8 @@ def load_scenario(path: str | Path) -> Scenario:
         plays.append((_text(path, f"[[play]] {n} message", p["message"]), p["sentence"],
                       _number(path, f"[[play]] {n} at_s", p["at_s"], 0.0, DAY_S)))
     stt_model = _text(path, "stt_model", data["stt_model"]) if "stt_model" in data else None
+    if stt_model is not None and stt_model not in STT_MODELS:
+        raise ValueError(f"scenario {path}: stt_model = {stt_model!r}: allowed {', '.join(STT_MODELS)}")
     mic_blocks = _text(path, "mic_blocks", data["mic_blocks"]) if "mic_blocks" in data else None
     return Scenario(path, tuple(users), replies, llm, _number(path, "tail", data.get("tail", 1.5), 0.0, DAY_S),
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
