@@ -90,6 +90,24 @@ def test_a_row_damaged_outside_voice_is_one_line_naming_it_and_the_log_is_left_a
     assert not (tmp_path / "t.html").exists()
 
 
+def test_a_log_cut_short_says_what_to_do_and_is_left_as_it_is(tmp_path):
+    """Found by a hostile tester: a log cut to its first kilobyte said only
+    "database disk image is malformed"."""
+    write_turn(tmp_path / "log")
+    db = tmp_path / "log" / "events.db"
+    with sqlite3.connect(db) as c:
+        c.execute("PRAGMA journal_mode = DELETE")  # at rest: all in one file
+    c.close()
+    db.write_bytes(db.read_bytes()[:1024])
+    before = folder_as_it_is(db.parent)
+    for command in READERS:
+        done = voice(tmp_path, *(a.format(tmp=tmp_path) for a in command), "--db", str(db))
+        assert (done.returncode, done.stderr) == (2, f"voice: error: cannot open the event log {db}: database disk "
+                                                     "image is malformed: restore it from a backup, or move it aside "
+                                                     "to start a new one\n"), (command, done.stderr)
+        assert folder_as_it_is(db.parent) == before, command
+
+
 def test_show_checks_both_outputs_before_writing_either(tmp_path):
     write_turn(tmp_path / "log")
     page, png = tmp_path / "t.html", tmp_path / "missing" / "t.png"

@@ -162,7 +162,7 @@ class EventStore:
                 self._db.close()
                 if isinstance(exc, ValueError):
                     raise
-                raise ValueError(f"cannot open the event log {self.path}: {exc}") from exc
+                raise ValueError(_unreadable(self.path, exc)) from exc
             return
         _prepare(self.path)
         self._db = _open(self.path)
@@ -178,7 +178,7 @@ class EventStore:
             self._db.close()
             if isinstance(exc, ValueError):
                 raise
-            raise ValueError(f"cannot open the event log {self.path}: {exc}") from exc
+            raise ValueError(_unreadable(self.path, exc)) from exc
 
     def _check_integrity(self) -> None:
         """A damaged page is found now, with one clear line, not later as a
@@ -525,6 +525,12 @@ def _open(path: Path) -> sqlite3.Connection:
         db.close()
     raise LogDamaged(f"the event log {path} was damaged: {damage.reason}; the files as found are kept in {copy}, "
                      "and the next start continues from what was readable", copy)
+
+
+def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """The one line for a log SQLite cannot read at all (cut short, overwritten)."""
+    return (f"cannot open the event log {path}: {exc}: restore it from a backup, or move it aside to start "
+            f"a new one")
 
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
