@@ -62,6 +62,7 @@ REPLY = '[[reply]]\ntext = "hi"\n'
     (ASK.replace("at = 0.5", 'at = "soon"') + REPLY, "[[user]] 1 at = 'soon': a number from 0 to 86400"),
     (ASK.replace('"ask.wav"', "5") + REPLY, "[[user]] 1 audio = 5: a quoted string"),
     ("tail = inf\n" + ASK + REPLY, "tail = inf: a number from 0 to 86400"),
+    (ASK.replace("ask.wav", "empty.wav") + REPLY, "[[user]] 1 audio empty.wav holds no samples: record the speech again"),
     ("mic_blocks = 5\n" + ASK + REPLY, "mic_blocks = 5: a quoted string"),
     # was the config's key (stt.model) in the message, and a log left in --out refused the corrected rerun
     ('stt_model = "nosuch"\n' + ASK + REPLY, "stt_model = 'nosuch': allowed base, tiny.en"),
@@ -73,6 +74,7 @@ REPLY = '[[reply]]\ntext = "hi"\n'
 ])
 def test_a_scenario_value_out_of_its_range_is_one_line_naming_the_key(tmp_path, scenario, line):
     write_wav(tmp_path / "ask.wav", [0] * 1600, 16000)
+    write_wav(tmp_path / "empty.wav", [], 16000)
     path = tmp_path / "s.toml"
     path.write_text(scenario)
     out = replay(tmp_path, path)

@@ -165,6 +165,8 @@ def load_scenario(path: str | Path) -> Scenario:
         name = _text(path, f"[[user]] {n} audio", u["audio"])
         when = _number(path, f"[[user]] {n} {given[0]}", u[given[0]], 0.0, DAY_S)
         audio = read_mono16k(path.parent / name)
+        if not len(audio):
+            raise ValueError(f"scenario {path}: [[user]] {n} audio {name} holds no samples: record the speech again")
         users.append(UserClip(audio, name, given[0], when, _onset(audio)))
     if not users:
         raise ValueError(f"scenario {path} has no [[user]] audio")
