@@ -88,6 +88,12 @@ def test_a_row_damaged_outside_voice_is_one_line_naming_it_and_the_log_is_left_a
             "it was changed outside voice: restore it from a backup, or give another log with --db"), line
         assert folder_as_it_is(db.parent) == before, command
     assert not (tmp_path / "t.html").exists()
+    forked = voice(tmp_path, "fork", "1", "--db", str(db))  # it writes into the log: the same line, nothing added
+    assert forked.returncode == 2 and forked.stderr.startswith(
+        f"voice: error: the log has a damaged row: event {seq} ({type_}) "), forked.stderr
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+        assert c.execute("SELECT COUNT(DISTINCT conversation) FROM events").fetchone() == (1,)
+    c.close()
 
 
 def test_a_log_cut_short_says_what_to_do_and_is_left_as_it_is(tmp_path):

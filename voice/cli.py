@@ -458,8 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except DamagedEvent as exc:  # a log changed outside voice: say which row, keep the rest as it is
-        print(f"voice: error: the log has a damaged row: {exc}; it was changed outside voice: restore it from "
-              "a backup, or give another log with --db", file=sys.stderr)
+        print(f"voice: error: {exc}", file=sys.stderr)
         return 2
     except (UsageError, Failed, BrokenPipeError, BaseExceptionGroup) as exc:
         leaves = _leaves(exc)

@@ -578,7 +578,8 @@ class DamagedEvent(ValueError):
     made outside voice does that (the log is append-only)."""
 
     def __init__(self, seq: int, type_: str, why: str):
-        super().__init__(f"event {seq} ({type_}) {why}")
+        super().__init__(f"the log has a damaged row: event {seq} ({type_}) {why}; it was changed outside voice: "
+                         "restore it from a backup, or give another log with --db")
         self.seq = seq
 
 

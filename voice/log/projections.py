@@ -237,6 +237,8 @@ def fork(store: EventStore, conversation: str, turn: int) -> str:
     if not any(e.turn == turn for e in events):
         raise ValueError(f"turn {turn} is not in conversation {conversation}")
     keep = [e for e in events if e.turn is not None and e.turn <= turn]
+    for e in keep:  # a row damaged outside voice is said, never copied into the fork
+        e.body
     new = new_conversation_id()
     store.copy_events(keep, new)
     store.record(new, ev.ConversationFork(parent=conversation, turn=turn))
