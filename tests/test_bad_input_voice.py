@@ -70,6 +70,7 @@ REPLY = '[[reply]]\ntext = "hi"\n'
      "[listen] echo_cancellation = 'false': true or false, unquoted"),
     ('[listen]\nmode = "bogus"\n' + ASK + REPLY, "[listen] mode = 'bogus': \"open\" or \"wake\""),
     ("[echo]\ndelay_ms = 1e9\n" + ASK + REPLY, "[echo] delay_ms = 1000000000.0: a number from 0 to 1000"),
+    # a reply's keys are named as a scripted file's are: the file, then the reply
     (ASK + REPLY + "chunk_delay_ms = -100\n", "reply 1 chunk_delay_ms = -100: a number from 0 to 60000"),
 ])
 def test_a_scenario_value_out_of_its_range_is_one_line_naming_the_key(tmp_path, scenario, line):
@@ -78,8 +79,8 @@ def test_a_scenario_value_out_of_its_range_is_one_line_naming_the_key(tmp_path, 
     path = tmp_path / "s.toml"
     path.write_text(scenario)
     out = replay(tmp_path, path)
-    assert (out.returncode, out.stderr) == (2, f"voice: error: scenario {path}: {line}\n") or (
-        out.returncode == 2 and out.stderr == f"voice: error: {path}: {line}\n"), out.stderr
+    named = f"{path}: " if line.startswith("reply ") else f"scenario {path}: "
+    assert (out.returncode, out.stderr) == (2, f"voice: error: {named}{line}\n"), out.stderr
     assert not (tmp_path / "out" / "events.db").exists()
 
 

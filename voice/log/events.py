@@ -595,6 +595,14 @@ def parse(event: Event) -> Body:
         raise DamagedEvent(event.seq, event.type, f"cannot be read: {exc}") from None
 
 
+def check_readable(events: list[Event]) -> None:
+    """Parse every row's body now: for a reader that goes on to use raw
+    payloads (or copies rows), so a row damaged outside voice is said in one
+    line before anything is drawn or written."""
+    for event in events:
+        parse(event)
+
+
 # -- the type strings, for filters and older call sites ----------------------
 
 TURN_START: Final = TurnStart.TYPE

@@ -237,8 +237,7 @@ def fork(store: EventStore, conversation: str, turn: int) -> str:
     if not any(e.turn == turn for e in events):
         raise ValueError(f"turn {turn} is not in conversation {conversation}")
     keep = [e for e in events if e.turn is not None and e.turn <= turn]
-    for e in keep:  # a row damaged outside voice is said, never copied into the fork
-        e.body
+    ev.check_readable(keep)  # a damaged row is never copied into the fork
     new = new_conversation_id()
     store.copy_events(keep, new)
     store.record(new, ev.ConversationFork(parent=conversation, turn=turn))

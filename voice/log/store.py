@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from voice.log.events import (
-    DamagedEvent,
     BODIES,
     DURABLE_TYPES,
     EVENT_TYPES,
     TURN_END,
     Body,
+    DamagedEvent,
     Event,
     RuntimeRecovery,
     TurnEnd,

@@ -54,8 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voice.agent.providers.scripted import (ScriptedProvider, ScriptedReply, checked_number, load_script,
-                                            parse_replies)
+from voice.agent.providers.scripted import (DAY_S, ScriptedProvider, ScriptedReply, checked_number,
+                                            load_script, parse_replies)
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 from voice.speech.stt import STT_MODELS
@@ -110,7 +110,6 @@ class Scenario:
         return ScriptedProvider(list(self.replies or ()), name=self.path.name, clock=clock)
 
 
-DAY_S = 86_400.0  # no time in a scenario is longer than this
 MAX_BLOCK = 16_000  # samples in one recorded mic block (1 s)
 # [echo] value ranges: what a room and a laptop's speaker and mic can do
 _ECHO_RANGES = {"delay_ms": (0.0, 1000.0), "gain_db": (-120.0, 20.0), "reverb_s": (0.0, 10.0),

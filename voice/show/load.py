@@ -138,8 +138,7 @@ def from_log(store: EventStore, conversation: str, turn: int, *, mic: Waveform |
     """`summary` is the turn's entry of a replay's summary.json, used only for
     what the log lacks (and then named in the timeline's `gaps`)."""
     events = store.events(conversation)
-    for e in events:  # the drawing reads payloads as they are: a row damaged outside voice is said first
-        e.body
+    ev.check_readable(events)  # the drawing reads payloads as they are
     mine = [e for e in events if e.turn == turn]
     if not mine:
         raise UsageError(f"turn {turn} is not in conversation {conversation}")

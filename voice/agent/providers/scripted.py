@@ -78,6 +78,9 @@ def split_words(text: str) -> list[str]:
     return pieces
 
 
+DAY_S = 86_400.0  # no time in a scripted reply or a scenario is longer than this
+
+
 def checked_number(where: str, value: Any, low: float, high: float) -> float:
     """A number from a scripted file or a scenario: a real number (not text,
     not a bool), finite, within [low, high]; else a one-line error naming
@@ -121,7 +124,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                 finish=item.get("finish"),
                 tool_calls=tuple(calls),
                 text_after_tools=str(item.get("text_after_tools", "")),
-                at_s=checked_number(f"{where}: reply {n} at_s", item["at_s"], 0, 86_400) if "at_s" in item else None,
+                at_s=checked_number(f"{where}: reply {n} at_s", item["at_s"], 0, DAY_S) if "at_s" in item else None,
             )
         )
     return replies
