@@ -12,6 +12,9 @@ session, an ACP client). Everything behind it is built here, once:
   unknown writes reconciled, nothing re-executed);
 - the tools with their environment, and the timer service, which runs
   inside the `async with` and announces through the announcer;
+- the MCP servers of `[mcp.servers]` (voice.agent.mcp), started together
+  and offered as tools; one that does not start costs one line and the
+  assistant goes on without it; all of them stopped on the way out;
 - the announcer: where the assistant's own messages go (a timer that rings,
   a notice). A surface attaches itself once it exists; what is announced
   before that waits for it.
@@ -35,15 +38,20 @@ from typing import Any
 
 import anyio
 
+from voice.agent.approvals import Approvals, Grants
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
+from voice.agent.mcp.servers import LateResult, McpServer, McpServers
+from voice.agent.mcp.settings import server_specs
 from voice.agent.providers import Provider, open_provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
 from voice.agent.tools import ToolRegistry, default_tools
 from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
+from voice.log.events import LateOutput
 from voice.log.store import EventStore
 from voice.log.window import scaled_estimate
+from voice.paths import config_dir
 from voice.paths import data_dir as default_data_dir
 from voice.paths import default_db
 
@@ -142,6 +150,11 @@ class App:
     timers: TimerService
     announcer: Announcer
     settings: LoopSettings
+    mcp: McpServers = field(default_factory=lambda: McpServers([]))
+
+    @property
+    def approvals(self) -> Approvals:
+        return self.tool_env.services["approvals"]
 
     def agent(self, surface: Surface, conversation: str, tools: ToolRegistry | None = None) -> AgentLoop:
         """An agent loop on this app's log, provider and tools, answering
@@ -150,17 +163,31 @@ class App:
                          self.tool_env)
 
 
+def mcp_servers(config: dict[str, Any], store: EventStore, command_env: dict[str, str]) -> McpServers:
+    """The configured MCP servers; a result that comes after its call was
+    cancelled is logged `late/output` and goes no further."""
+
+    def late(result: LateResult) -> None:
+        store.record(result.conversation, LateOutput(kind="mcp-result", tool_call_id=result.tool_call_id,
+                                                     server=result.server, error=result.error), turn=result.turn)
+
+    return McpServers([McpServer(spec, command_env=command_env, environ=os.environ, on_late=late)
+                       for spec in server_specs(config)])
+
+
 @asynccontextmanager
 async def open_app(config: dict[str, Any], *, db: str | Path | None = None, store: EventStore | None = None,
                    llm: str | Provider | None = None, notice: Callable[[str], None] = lambda text: None,
-                   data_dir: Path | None = None, recovery: bool = True) -> AsyncIterator[App]:
+                   data_dir: Path | None = None, recovery: bool = True, mcp: bool = True) -> AsyncIterator[App]:
     """Open the assistant behind any surface (see the module docstring).
 
     `db` names the log (or `store` is one already opened: the app closes it
     too); `llm` is a provider spec ("auto", "openai", a URL, "scripted:FILE";
     default: the config's) or a provider already built (the app closes it);
     `notice` hears how the provider was chosen (e.g. the skills fallback);
-    `data_dir` is where notes go (default: the XDG data folder)."""
+    `data_dir` is where notes go (default: the XDG data folder); `mcp`:
+    start the configured MCP servers (a replay does not: recorded results
+    stand in for every tool)."""
     spec = llm if llm is not None else config["llm"]["provider"]
     # The provider first: a bad --llm fails before anything else is opened.
     provider = await open_provider(spec, config, notice=notice) if isinstance(spec, str) else spec
@@ -171,16 +198,26 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
             commands = dict(config["tools"]["commands"])
             announcer = Announcer()
             timers = TimerService(store, announcer)
+            approvals = Approvals(Grants(config_dir() / "grants.json"), timeout_s=config["tools"]["approval_timeout_s"])
             env = ToolEnv(data_dir=data_dir or default_data_dir(), commands=commands,
-                          kill_after_s=config["tools"]["kill_after_s"], services={"timers": timers},
+                          kill_after_s=config["tools"]["kill_after_s"],
+                          services={"timers": timers, "approvals": approvals},
                           command_env=command_environment(config))
-            app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config))
-            await token_counter(provider, app.settings, app.tools.schemas())
-            if recovery:
-                report = await recover(store, app.tools, env)
-                if report.closed_turns or report.unknown_writes:
-                    print(f"recovered: {report.summary()}", file=sys.stderr, flush=True)
+            app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config),
+                      mcp_servers(config, store, env.command_env) if mcp else McpServers([]))
             async with anyio.create_task_group() as tg:
+                await tg.start(app.mcp.run)
+                for tool in app.mcp.tools():  # in a fixed order: the request's prefix stays the same
+                    app.tools.add(tool)
+                for server in app.mcp.failed():
+                    notice(f"mcp: the server {server.spec.name!r} did not start: {server.error}; its tools are not "
+                           f"offered (fix: {server.fix()})")
+                    await announcer(f"The tools of {server.spec.name} could not be started.")
+                await token_counter(provider, app.settings, app.tools.schemas())
+                if recovery:
+                    report = await recover(store, app.tools, env)
+                    if report.closed_turns or report.unknown_writes:
+                        print(f"recovered: {report.summary()}", file=sys.stderr, flush=True)
                 tg.start_soon(timers.run)
                 yield app
                 tg.cancel_scope.cancel()

@@ -94,10 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or those after --since SEQ) and exits; with --follow it is a stream that "
                                    "prints each new event as it is written, until Ctrl-C.")
     _common(p, db="refused: the daemon keeps its own log (voice history --db PATH reads one)")
-    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events"))
+    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events",
+                                   "approve", "deny"))
     p.add_argument("text", nargs="*", help="for say: the text of the turn; for save: a new directory to write "
                                            "the last few minutes ([record] ring_s) into")
     p.add_argument("--list", action="store_true", help="for history: list the conversations in the log")
+    p.add_argument("--always", action="store_true",
+                   help="for approve: also allow this tool of this server from now on (voice grants lists them)")
     p.add_argument("--json", action="store_true", help="print the daemon's JSON replies (one per line)")
     p.add_argument("--since", metavar="SEQ", type=int, help="for events: only those after this sequence number")
     p.add_argument("--follow", action="store_true",
@@ -119,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("effects", help="every dispatched write and what is known of it")
     _common(p)
     p.add_argument("--json", action="store_true", help='print a list of {"tool", "arguments", "state", "turn"}')
+
+    p = sub.add_parser("grants", help='the "always" answers to approval questions, per MCP server and tool')
+    p.add_argument("action", nargs="?", choices=("list", "revoke"), default="list")
+    p.add_argument("server", nargs="?", help="for revoke: the server's name ([mcp.servers.NAME])")
+    p.add_argument("tool", nargs="?", help="for revoke: the tool, as voice grants lists it")
 
     p = sub.add_parser("history", help="the model history derived from the log")
     _common(p)
@@ -381,7 +389,11 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         raise UsageError("--since and --follow are for voice ctl events")
     if args.list and args.cmd != "history":
         raise UsageError("--list is for voice ctl history")
+    if args.always and args.cmd != "approve":
+        raise UsageError("--always is for voice ctl approve")
     payload: dict[str, Any] = {"cmd": args.cmd}
+    if args.always:
+        payload["always"] = True
     if args.list:
         payload["list"] = True
     if args.cmd == "say":
@@ -444,7 +456,28 @@ def cmd_effects(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "show": cmd_show, "run": cmd_run, "acp": cmd_acp, "ctl": cmd_ctl,
+def cmd_grants(args: argparse.Namespace) -> int:
+    from voice.agent.approvals import Grants
+
+    grants = Grants()
+    if args.action == "revoke":
+        if not (args.server and args.tool):
+            raise UsageError("voice grants revoke needs the server and the tool, as voice grants lists them")
+        if not grants.revoke(args.server, args.tool):
+            raise Failed(f"no grant for {args.tool} of {args.server} (voice grants lists them)")
+        print(f"revoked: {args.tool} of {args.server} asks again before each call")
+        return 0
+    if args.server or args.tool:
+        raise UsageError("voice grants takes a server and a tool only with revoke")
+    listed = grants.list()
+    for server, tool in listed:
+        print(f"{server} {tool}: always allowed")
+    if not listed:
+        print(f"no grants ({grants.path}): every call that asks first asks each time")
+    return 0
+
+
+COMMANDS = {"grants": cmd_grants, "chat": cmd_chat, "effects": cmd_effects, "replay": cmd_replay, "show": cmd_show, "run": cmd_run, "acp": cmd_acp, "ctl": cmd_ctl,
             "config": cmd_config, "doctor": cmd_doctor, "service": cmd_service, "history": cmd_history, "trace": cmd_trace, "fork": cmd_fork}
 
 

@@ -133,6 +133,12 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
     return load_config_with_sources(path)[0]
 
 
+def _secret(key: str) -> bool:
+    """An MCP server's environment values may hold tokens: never shown."""
+    parts = key.split(".")
+    return len(parts) == 5 and parts[:2] == ["mcp", "servers"] and parts[3] == "env"
+
+
 def show(config: dict[str, Any], sources: dict[str, str]) -> str:
     """The effective config as TOML-ish lines, each with where it came from."""
     lines: list[str] = []
@@ -144,6 +150,8 @@ def show(config: dict[str, Any], sources: dict[str, str]) -> str:
             for k, v in scalars.items():
                 name = prefix + k
                 shown = json.dumps(v, ensure_ascii=False)  # TOML-compatible for strings, numbers, booleans, lists
+                if _secret(name):
+                    shown = '"(set; not shown)"'
                 lines.append(f"{k} = {shown}  # {sources.get(name, 'default')}")
             lines.append("")
         for k, v in table.items():

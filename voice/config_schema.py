@@ -93,6 +93,7 @@ RULES: dict[str, Rule | Callable[[], Rule]] = {
     "turn_end.speculate_s": number(0, 2),
     "turn_end.end_s": number(0, 10),
     "tools.kill_after_s": number(0, 300, above=True),
+    "tools.approval_timeout_s": number(1, 600),
     "tools.commands.*": ARGV,
     "tools.command_env": Rule("a list of environment variable names (letters, digits, _)",
                               lambda v: all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)
@@ -106,6 +107,8 @@ RULES: dict[str, Rule | Callable[[], Rule]] = {
     "listen.wake_word": _wake_word,
     "listen.window_s": number(0, 3600),
     "record.ring_s": number(0, 3600),
+    "mcp.servers.*": Rule("a table of the server's keys (see config/voice.toml, [mcp.servers])",
+                          lambda v: isinstance(v, dict)),
 }
 
 
@@ -132,9 +135,74 @@ def validate(config: dict[str, Any], sources: dict[str, str]) -> None:
     _cross_keys(config, sources)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+
+def _string_table(v: Any, keys: re.Pattern[str], values: Callable[[Any], bool]) -> bool:
+    return isinstance(v, dict) and all(keys.fullmatch(k) and values(x) for k, x in v.items())
+
+
+# The keys of one [mcp.servers.NAME] table (voice.agent.mcp.settings.DEFAULTS are their defaults).
+MCP_SERVER_KEYS: dict[str, Rule] = {
+    "command": Rule('a program to run, e.g. "uvx" or "/usr/bin/node" (a stdio server)',
+                    lambda v: isinstance(v, str)),
+    "args": Rule("a list of non-empty strings (the program's arguments)", _strings),
+    "env": Rule('a table of environment variables for the server, NAME = "value"',
+                lambda v: _string_table(v, _ENV_NAME, lambda x: isinstance(x, str))),
+    "cwd": Rule('"" or an absolute path', lambda v: isinstance(v, str) and (v == "" or v.startswith("/"))),
+    "url": Rule('"" or an http(s) URL of a Streamable HTTP endpoint, e.g. "http://homeassistant.local:8123/api/mcp"',
+                lambda v: isinstance(v, str) and (v == "" or _is_url(v))),
+    "headers": Rule('a table of HTTP headers, each naming the environment variable that holds its value, '
+                    'e.g. { Authorization = "HA_AUTHORIZATION" }',
+                    lambda v: _string_table(v, _HEADER_NAME, lambda x: isinstance(x, str)
+                                            and _ENV_NAME.fullmatch(x) is not None)),
+    "allow": Rule("a list of the server's tool names to offer (empty: all)", _strings),
+    "deny": Rule("a list of the server's tool names never to offer", _strings),
+    "trust_annotations": Rule("true/false", lambda v: isinstance(v, bool)),
+    "read_tools": Rule("a list of the server's tool names that only read", _strings),
+    "timeout_s": Rule("a number above 0 and at most 3600",
+                      lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 3600),
+    "approve": one_of("destructive", "writes", "never"),
+    "max_result_chars": Rule("an integer from 200 to 1000000",
+                             lambda v: isinstance(v, int) and not isinstance(v, bool) and 200 <= v <= 1000000),
+    "enabled": Rule("true/false", lambda v: isinstance(v, bool)),
+}
+
+
+def check_mcp_servers(config: dict[str, Any], sources: dict[str, str]) -> None:
+    """Each [mcp.servers.NAME]: its name, every key and value, and exactly
+    one of `command` (stdio) or `url` (Streamable HTTP)."""
+    servers = config.get("mcp", {}).get("servers", {})
+    for name, table in servers.items():
+        where = sources.get(f"mcp.servers.{name}", "default")
+        if not _SERVER_NAME.fullmatch(name):
+            raise UsageError(f"{where}: [mcp.servers.{name}]: a server's name must be 1 to 32 letters, digits, "
+                             "_ or - (it prefixes its tools' names)")
+        for key, value in table.items():
+            rule = MCP_SERVER_KEYS.get(key)
+            if rule is None:
+                raise UsageError(f"{where}: unknown key 'mcp.servers.{name}.{key}' (= {_shown(value)}); allowed: "
+                                 + ", ".join(MCP_SERVER_KEYS))
+            if not rule.ok(value):
+                raise UsageError(f"{where}: mcp.servers.{name}.{key} = {_shown(value)} must be {rule.allowed}")
+        if bool(table.get("command")) == bool(table.get("url")):
+            raise UsageError(f"{where}: [mcp.servers.{name}] needs exactly one of command (a stdio server) or url "
+                             "(a Streamable HTTP server)")
+        if table.get("url") and (table.get("args") or table.get("env") or table.get("cwd")):
+            raise UsageError(f"{where}: [mcp.servers.{name}] has a url: args, env and cwd are for a stdio server "
+                             "(command); remove them")
+
+
 def _cross_keys(config: dict[str, Any], sources: dict[str, str]) -> None:
     """Rules between keys: the reply's reserve must leave the conversation
-    at least half the context."""
+    at least half the context; each MCP server's table."""
+    check_mcp_servers(config, sources)
     llm = config.get("llm", {})
     reply, context = llm.get("reply_tokens"), llm.get("context_tokens")
     if isinstance(reply, int) and isinstance(context, int) and reply * 2 > context:

@@ -19,6 +19,7 @@ closed `interrupted` instead of `aborted`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import anyio
 
+from voice.agent.approvals import DENIED, GRANTED, WITHDRAWN, Answer, Approvals, Pending, approval_question
 from voice.agent.effects import effects, reconcile_one
 from voice.agent.preempt import EarlyStart
 from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
@@ -43,6 +45,7 @@ from voice.agent.surface import Delivered, Surface, UnitRef
 from voice.agent.tools import ToolError, ToolRegistry
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
 from voice.log import events as ev
+from voice.log.events import UNSET
 from voice.log.projections import derive_history, provider_messages
 from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens
 from voice.log.store import EventStore
@@ -97,6 +100,7 @@ class _TurnState:
     held_text: str = ""  # streamed after a write call; waits for its receipt
     shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
     early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
+    asked_again: ev.ApprovalRequested | None = None  # a question a restart left unanswered (voice.agent.approvals)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,9 @@ class AgentLoop:
         self.current_turn: int | None = None
         self._summary_scope: anyio.CancelScope | None = None
         self._early_count = 0
+        # The turn waits for the person's answer to a question (voice.agent.approvals): their words
+        # are the answer, not a barge-in, once the question has played.
+        self.waiting_for_person = False
 
     # -- public ------------------------------------------------------------
 
@@ -229,18 +236,22 @@ class AgentLoop:
             finish_reason=assembler.finish_reason, reason="superseded"))
 
     async def run_turn(self, user_text: str, *, source: str = "text", audio: dict[str, Any] | None = None,
-                       early: EarlyStart | None = None) -> TurnResult:
+                       early: EarlyStart | None = None, asked_again: ev.ApprovalRequested | None = None) -> TurnResult:
         """`audio`: a spoken request's utterance ({start, end: mic positions,
         stt_ms}), kept on its `user/message`; `early`: its request started
-        before the turn was committed (voice.agent.preempt)."""
+        before the turn was committed (voice.agent.preempt); `asked_again`:
+        instead of a request, a question a restart left unanswered: the turn
+        asks it again (`user_text` is then unused), and on a yes dispatches
+        the call and answers from its result."""
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
         user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        turn = self.store.start_turn(self.conversation, ev.TurnStart(source=source))
-        message = (ev.UserMessage(content=user_text, source=source) if audio is None
-                   else ev.UserMessage(content=user_text, source=source, audio=audio))
-        self.store.record(self.conversation, message, turn=turn)
-        state = _TurnState(turn, early=early)
+        turn = self.store.start_turn(self.conversation, ev.TurnStart(source="approval" if asked_again else source))
+        if asked_again is None:
+            message = (ev.UserMessage(content=user_text, source=source) if audio is None
+                       else ev.UserMessage(content=user_text, source=source, audio=audio))
+            self.store.record(self.conversation, message, turn=turn)
+        state = _TurnState(turn, early=early, asked_again=asked_again)
         self._state = state
         self._cancel_outcome = ev.ABORTED
         self.current_turn = turn
@@ -285,7 +296,11 @@ class AgentLoop:
     # -- steps -------------------------------------------------------------
 
     async def _run_steps(self, state: _TurnState) -> str:
-        for step in range(self.settings.max_steps):
+        first = 0
+        if state.asked_again is not None:
+            await self._ask_again(state)
+            first = 1
+        for step in range(first, self.settings.max_steps):
             state.step, state.attempt = step, 0
             self._record(state, ev.StepStart(route=self._route()))
             state.step_open = True
@@ -308,6 +323,29 @@ class AgentLoop:
         await self._wait_played(state)
         self.store.end_turn(self.conversation, state.turn, ev.COMPLETED)
         return ev.COMPLETED
+
+    async def _ask_again(self, state: _TurnState) -> None:
+        """Step 0 of a turn that asks again what a restart left unanswered:
+        the call as the model made it, run through the approval again (its
+        old question is withdrawn, answered `restart`); nothing is
+        dispatched without a new yes."""
+        asked = state.asked_again
+        assert asked is not None
+        self._record(state, ev.StepStart(route=self._route()))
+        state.step_open = True
+        ref = UnitRef(self.conversation, state.turn, 0, 0)
+        call = ToolCall(call_id(ref, 0), asked.tool, json.dumps(asked.arguments, ensure_ascii=False))
+        self._record(state, ev.AssistantMessage(message_id=ref.message_id, content=[], origin="asked-again",
+                                                tool_calls=[call.to_openai()]))
+        for e in self.store.events(None, types={ev.APPROVAL_REQUESTED}):
+            if isinstance(e.body, ev.ApprovalRequested) and e.body.approval_id == asked.approval_id:
+                self.store.record(e.conversation, ev.ApprovalAnswered(
+                    approval_id=asked.approval_id, decision=WITHDRAWN, how="restart"), turn=e.turn, step=e.step,
+                    attempt=e.attempt)
+                break
+        await self._run_tools(state, [call])
+        self._record(state, ev.StepEnd(outcome="tool_calls"))
+        state.step_open = False
 
     async def _request_with_retries(self, state: _TurnState) -> BlockAssembler | None:
         attempt = retries = 0
@@ -433,6 +471,8 @@ class AgentLoop:
             ctx = self.tool_env.context(self.conversation, state.turn, call.id)
             if write and (result := await self._blocked_repeat(state, call, args, ctx)) is not None:
                 return ev.UNKNOWN, result
+            if tool.ask_first and (result := await self._approve(state, call, tool, args)) is not None:
+                return "", result  # declined: nothing ran, nothing was claimed
             self._record(state, ev.ToolDispatched(tool_call_id=call.id, name=call.name, effect=tool.effect,
                                                   arguments=args))
             dispatched = True
@@ -476,6 +516,58 @@ class AgentLoop:
             self._receipt(state, call, receipt.state, receipt.evidence, True)
         known = receipt.state if receipt else None
         return known or "", ev.ToolResult.ok(call.id, call.name, outcome.content, known, outcome.phrase)
+
+    async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool,
+                       args: dict[str, Any]) -> ev.ToolResult | None:
+        """Ask the person before dispatching (voice.agent.approvals): None
+        once a grant is recorded, else the `declined` result. A cancel (a
+        barge-in, a stop, a shutdown) withdraws the question."""
+        approvals: Approvals | None = self.tool_env.services.get("approvals")
+        question = approval_question(tool.title or call.name, tool.source, args)
+        again = state.asked_again.approval_id if state.asked_again is not None and state.step == 0 else UNSET
+        if again is not UNSET:
+            question = "Before I stopped, I was asking you this. " + question
+        self._record(state, ev.ApprovalRequested(approval_id=call.id, tool=call.name, server=tool.source,
+                                                 title=tool.title, arguments=args, question=question,
+                                                 asked_again=again))
+        if approvals is not None and approvals.grants.allows(tool.source, call.name):
+            answer = Answer(GRANTED, "always")
+        elif approvals is None or not getattr(self.surface, "answers_questions", False):
+            answer = Answer(DENIED, "unavailable")
+        else:
+            pending = Pending(call.id, self.conversation, state.turn, question)
+            self.waiting_for_person = True
+            try:
+                await self.surface.notice(question)
+                answer = await self._wait_answer(approvals, pending)
+            except anyio.get_cancelled_exc_class():
+                self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=WITHDRAWN, how="stopped"))
+                raise
+            finally:
+                self.waiting_for_person = False
+        self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=answer.decision, how=answer.how,
+                                                words=answer.words, always=answer.always))
+        if answer.decision == GRANTED:
+            if answer.always and approvals is not None:
+                approvals.grants.add(tool.source, call.name)
+            return None
+        return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)
+
+    async def _wait_answer(self, approvals: Approvals, pending: Pending) -> Answer:
+        """A spoken answer is routed to `approvals` by the voice session; a
+        surface that reads its answers itself (the terminal) is read here."""
+        read = getattr(self.surface, "read_answer", None)
+        if read is None:
+            return await approvals.wait(pending)
+        async with anyio.create_task_group() as tg:
+            async def typed() -> None:
+                words = await read()  # None: the input ended, which declines
+                approvals.answer(words, how="text", conversation=pending.conversation)
+
+            tg.start_soon(typed)
+            answer = await approvals.wait(pending)
+            tg.cancel_scope.cancel()
+        return answer
 
     def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
         if write:

@@ -345,6 +345,15 @@ class ToolResult(Body):
                    blocked_turn=blocked_turn, blocked_outcome=earlier)
 
     @classmethod
+    def declined(cls, call_id: str, name: str, how: str, words: str) -> ToolResult:
+        """Not run: the person was asked and did not say yes."""
+        said = f"; they said: {words!r}" if words else ""
+        why = {"timeout": "the person did not answer in time", "unavailable": "no one could be asked here",
+               "stopped": "the person stopped the assistant"}.get(how, "the person declined")
+        return cls(tool_call_id=call_id, name=name, status=DECLINED,
+                   error=f"not run: {why}{said}. Do not try it again unless they ask.")
+
+    @classmethod
     def recovered_after_crash(cls, call_id: str, name: str, receipt: str | None) -> ToolResult:
         """A dispatched call the process died during: what its dispatch
         receipt proves, never more. A confirmed write is reported as done
@@ -374,6 +383,35 @@ class EffectReceipt(Body):
     phase: str = "dispatch"  # (rows before reconciliation existed have none)
     state: str  # confirmed | failed | unknown
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalRequested(Body):
+    """The person is asked before a call is dispatched (voice.agent.approvals)."""
+
+    TYPE = "approval/requested"
+    DURABLE = True
+    approval_id: str  # the call's tool_call_id
+    tool: str  # the name the model used
+    server: str = ""  # the MCP server it belongs to
+    title: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    question: str = ""
+    asked_again: str | None = optional()  # the approval a restart left unanswered, asked here again
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalAnswered(Body):
+    """What became of an approval: granted (the call may be dispatched),
+    denied, or withdrawn (a barge-in, a stop, a shutdown: never answered)."""
+
+    TYPE = "approval/answered"
+    DURABLE = True
+    approval_id: str
+    decision: str  # granted | denied | withdrawn
+    how: str  # voice | text | ctl | always | timeout | unavailable | stopped | restart
+    words: str = ""
+    always: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -487,6 +525,8 @@ class LateOutput(Body):
     samples: int | None = optional()
     error: str | None = optional()
     timer_id: str | None = optional()
+    tool_call_id: str | None = optional()  # mcp-result: the call whose result came after it was cancelled
+    server: str | None = optional()  # mcp-result: the MCP server that sent it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -636,6 +676,8 @@ TIMER_CANCEL: Final = TimerCancel.TYPE
 TIMER_FIRED: Final = TimerFired.TYPE
 RECOVERY: Final = RuntimeRecovery.TYPE
 TURN_END: Final = TurnEnd.TYPE
+APPROVAL_REQUESTED: Final = ApprovalRequested.TYPE
+APPROVAL_ANSWERED: Final = ApprovalAnswered.TYPE
 
 EVENT_TYPES: Final = frozenset(BODIES)
 SURFACE_TYPES: Final = frozenset(t for t, b in BODIES.items() if b.SURFACE)
@@ -651,6 +693,7 @@ TURN_OUTCOMES: Final = frozenset({COMPLETED, ABORTED, INTERRUPTED, ERROR})
 # tool/result statuses
 ABORTED_BEFORE_DISPATCH: Final = "ABORTED_BEFORE_DISPATCH"
 BLOCKED: Final = "blocked"  # would repeat a write whose outcome is unknown
+DECLINED: Final = "declined"  # the person was asked first and did not say yes
 
 # effect/receipt: `state` confirmed | failed | unknown; `phase` "dispatch" (the
 # call's own outcome) or "reconciled" (looked up later). One of each per call.

@@ -18,6 +18,7 @@ from typing import TextIO
 import anyio
 import anyio.abc
 
+from voice.agent.approvals import unanswered
 from voice.agent.loop import AgentLoop
 from voice.log.conversations import end_and_open, idle_for
 from voice.speech.judge import stop_intent
@@ -62,6 +63,18 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
     the model), and a line after the idle gap opens a new one."""
     interactive = stdin.isatty()
     lines = _start_reader(stdin)
+    ended = False  # the input ended while a question was asked
+
+    async def read_answer() -> str | None:
+        nonlocal ended
+        line = await lines.receive()
+        ended = line is None
+        if line is not None and not interactive:
+            out.write(f"you: {line}\n")
+        return line
+
+    if hasattr(agent.surface, "read_answer"):  # a question before a call is answered on the next line
+        agent.surface.read_answer = read_answer
     async with lines, anyio.create_task_group() as tg:
 
         async def on_sigint() -> None:
@@ -72,11 +85,14 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
                         tg.cancel_scope.cancel()
 
         tg.start_soon(on_sigint)
+        for _, asked in unanswered(agent.store):  # questions a crash left unanswered are asked again first
+            result = await agent.run_turn("", source="text", asked_again=asked)
+            await agent.summarize_after(result.turn)
         while True:
             if interactive:
                 out.write("you> ")
                 out.flush()
-            line = await lines.receive()
+            line = None if ended else await lines.receive()
             if line is None:
                 break
             if not line.strip():

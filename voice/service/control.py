@@ -5,7 +5,8 @@ that another user could create first). A directory that exists with another
 owner, as a symlink, or writable by others is refused, not used.
 
 Requests are objects with a "cmd": status, say {"text"}, cancel, mute,
-unmute, history {"list"?}, new, save {"dir": an absolute path}, events {"after"?, "follow"?}. Each gets one reply line
+unmute, history {"list"?}, new, save {"dir": an absolute path}, events {"after"?, "follow"?},
+approve {"always"?} and deny (the question a call is waiting on: voice.agent.approvals). Each gets one reply line
 ({"ok": true, ...} or {"ok": false, "error": ...}); `events` then sends the
 log's events after "after" (default: from now) as lines, and with "follow"
 (the default) keeps streaming new ones until the client goes away; with
@@ -54,7 +55,7 @@ IDLE_S = 60.0
 SEND_S = 10.0
 _MAX_INT = 2**63 - 1  # what SQLite holds
 _SOCKET_PATH_MAX = 107  # sun_path, less its NUL
-COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events")
+COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events", "approve", "deny")
 
 
 def socket_path(config: dict[str, Any]) -> Path:
@@ -171,6 +172,9 @@ class Assistant(Protocol):
 
     async def new_conversation(self) -> str:
         """End the conversation (after a running turn); the id of the next one."""
+
+    def answer_approval(self, granted: bool, always: bool) -> str | None:
+        """Answer the question a call waits on; its text, or None when none waits."""
 
 
 # Writes what the session kept (voice.service.recording) into a new directory;
@@ -313,6 +317,15 @@ class ControlServer:
                 return {"ok": True, **self.save(Path(directory))}
             except (ValueError, OSError) as exc:
                 return {"ok": False, "error": str(exc)}
+        if cmd in ("approve", "deny"):
+            always = request.get("always", False)
+            if not isinstance(always, bool) or (always and cmd == "deny"):
+                return {"ok": False, "error": '"always" (true/false) goes with approve only'}
+            question = a.answer_approval(cmd == "approve", always)
+            if question is None:
+                return {"ok": False, "error": "no question is waiting for an answer"}
+            return {"ok": True, "decision": "granted" if cmd == "approve" else "denied", "question": question,
+                    "always": always}
         if cmd == "new":
             before = a.conversation
             try:

@@ -122,7 +122,12 @@ def _event(r: dict[str, Any]) -> list[str]:
     return [f"#{r.get('seq')}{turn} {r.get('type')} {json.dumps(r.get('payload'), ensure_ascii=False)}"]
 
 
+def _answered(r: dict[str, Any]) -> list[str]:
+    always = " (and from now on: voice grants revoke to undo)" if r.get("always") else ""
+    return [f"{r.get('decision')}: {r.get('question')}{always}"]
+
+
 _FORMATS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "status": _status, "say": _say, "cancel": _cancel, "mute": _mute, "unmute": _mute, "history": _history,
-    "new": _new, "save": _save, "events": _event,
+    "new": _new, "save": _save, "events": _event, "approve": _answered, "deny": _answered,
 }

@@ -233,6 +233,60 @@ def check_log(config: dict[str, Any], db: str | None) -> Check:
                  f"{parent} is not a directory this user can write: give another --db or paths.db")
 
 
+def check_mcp(config: dict[str, Any]) -> list[Check]:
+    """Each MCP server started as `voice run` starts it: running or not and
+    why, its tools (read, write, destructive, asks first), the fix; then the
+    "always" grants. A server that does not start is a warning: the
+    assistant goes on without its tools."""
+    import anyio
+
+    from voice.agent.approvals import Grants
+    from voice.app import command_environment
+    from voice.agent.mcp.servers import McpServer, McpServers
+    from voice.agent.mcp.settings import server_specs
+
+    specs = server_specs(config)
+    if not specs:
+        return [Check("mcp servers", OK, "none configured ([mcp.servers.NAME] in the config adds one)")]
+    servers = McpServers([McpServer(spec, command_env=command_environment(config), environ=os.environ)
+                          for spec in specs])
+    out: list[Check] = []
+
+    async def look() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(servers.run)
+            for server in servers.servers:
+                name = f"mcp {server.spec.name}"
+                where = server.spec.url or " ".join([server.spec.command, *server.spec.args])
+                if server.state != "running":
+                    out.append(Check(name, WARN, f"{server.state}: {server.error or 'not started'} ({where})",
+                                     server.fix()))
+                    continue
+                tools = server.tools()
+                kinds = ", ".join(f"{t.name.split('__', 1)[1]} ({_kind(t)})" for t in tools) or "none offered"
+                out.append(Check(name, OK, f"running ({server.spec.transport}, protocol {server.protocol}); "
+                                           f"{len(tools)} of {len(server.listed)} tools offered: {kinds}"))
+            tg.cancel_scope.cancel()
+
+    anyio.run(look)
+    grants = Grants(_config_dir() / "grants.json").list()
+    out.append(Check("approval grants", OK, ", ".join(f"{t} of {s}" for s, t in grants) + " always allowed"
+                     if grants else "none (every call that asks first asks each time; voice grants revoke undoes one)"))
+    return out
+
+
+def _kind(tool) -> str:
+    if tool.effect == "read":
+        return "read"
+    return ("destructive write" if tool.destructive else "write") + (", asks first" if tool.ask_first else "")
+
+
+def _config_dir() -> Path:
+    from voice.paths import config_dir
+
+    return config_dir()
+
+
 def run_doctor(config_path: str | None, llm: str | None = None, load_models: bool = True,
                llm_model: str | None = None, db: str | None = None) -> int:
     config_check, config = check_config(config_path, llm_model)
@@ -243,6 +297,7 @@ def run_doctor(config_path: str | None, llm: str | None = None, load_models: boo
         checks.append(check_llm(config, llm))
         checks.append(check_context(config))
         checks.append(check_log(config, db))
+        checks += check_mcp(config)
         checks += check_service(config)
     for check in checks:
         print(check.line(), flush=True)

@@ -92,7 +92,8 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
                              echo_cancellation=aec_on, echo_required=True)
         store = EventStore(out / "events.db")
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
-        async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False) as app:
+        async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False,
+                            mcp=False) as app:  # recorded results stand in for every tool: no MCP server starts
             for name in dict.fromkeys(t.name for t in scenario.tools):
                 app.tools.add(_scenario_tool([t for t in scenario.tools if t.name == name]))
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),

@@ -74,7 +74,10 @@ class BargeInController:
         self._position = 0  # the mic position of the latest block: where a decision is taken
 
     def assistant_busy(self) -> bool:
-        return self.agent.busy or self.buffer.pending()
+        """A turn runs or speech is queued. A turn that waits for the person's
+        answer to its question (which has played) is not busy: their words
+        answer it, they do not cut it."""
+        return (self.agent.busy and not self.agent.waiting_for_person) or self.buffer.pending()
 
     # -- from the listener, one mic block at a time --------------------------
 

@@ -228,6 +228,12 @@ class VoiceSession:
         heard = await p.barge_in.heard(frame.text, frame.start, frame.doubtful, p.surface.speaking_text())
         if heard is None:
             return
+        approvals = p.agent.tool_env.services.get("approvals")
+        if p.agent.waiting_for_person and approvals is not None and heard.stopped_turn is None:
+            # The answer to the question the turn asked (voice.agent.approvals), not a request.
+            if approvals.answer(heard.text, how="voice", conversation=self.conversation) is not None:
+                self.transcript(f"you: {heard.text}")
+                return
         try:
             await p.turns.submit(Request(heard.text, "voice", frame.start, frame.end, frame.stt_s, stop=heard.stop,
                                          stopped_turn=heard.stopped_turn))
@@ -315,6 +321,13 @@ class VoiceSession:
     async def new_conversation(self) -> str:
         """`voice ctl new`: the conversation ends (after a running turn); returns the next one's id."""
         return await self.parts.turns.new_conversation(self.parts.listen.position)
+
+    def answer_approval(self, granted: bool, always: bool) -> str | None:
+        """`voice ctl approve|deny`: answers the question a call waits on."""
+        approvals = self.parts.agent.tool_env.services.get("approvals")
+        pending = None if approvals is None else approvals.answer(
+            how="ctl", decision="granted" if granted else "denied", always=always)
+        return pending.question if pending is not None else None
 
     # -- for replay summaries ------------------------------------------------
 

@@ -120,6 +120,7 @@ class VoiceSurface:
     # recorded: a replayed recording plays each sentence from there (voice.service.recording), not sooner
     play_at: dict[tuple[str, int], int] = field(default_factory=dict)
     tracks_playback: bool = True
+    answers_questions: bool = True  # the session routes the person's next words to a question (approvals)
     keep: int | None = 64  # units held, the newest (see the module docstring)
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
     _notices: int = 0

@@ -8,6 +8,7 @@ delivered prefix.
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -27,9 +28,16 @@ class TextSurface:
     label: str = "assistant: "
     show_reasoning: bool = True
     tracks_playback: bool = False
+    # The person's next line, when the terminal can answer a question (voice chat sets it):
+    # a call that needs their approval asks here (voice.agent.approvals).
+    read_answer: Callable[[], Awaitable[str | None]] | None = None
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
     _line_open: bool = False
     _kind: str | None = None  # what the open line shows: "text" or "reasoning"
+
+    @property
+    def answers_questions(self) -> bool:
+        return self.read_answer is not None
 
     def _write(self, s: str) -> None:
         self.out.write(s)

@@ -62,6 +62,10 @@ class Tool:
     timeout_s: float = 10.0
     # (arguments, the dispatch's payload with `at_wall`, when it was logged) -> a receipt; for unknown writes
     reconcile: Callable[[dict[str, Any], dict[str, Any], ToolContext], Awaitable[Receipt]] | None = None
+    destructive: bool = False  # a write that may destroy or undo something (MCP: destructiveHint)
+    ask_first: bool = False  # the person approves each call before it is dispatched (voice.agent.approvals)
+    source: str = ""  # where it comes from: "" built in, else the MCP server's name
+    title: str = ""  # a name a person can read ("Turn off"), for questions and editors
 
     def schema(self) -> dict[str, Any]:
         return {

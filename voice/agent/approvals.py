@@ -1,0 +1,184 @@
+"""Asking the person before a call is dispatched, and remembering "always".
+
+A tool marked `ask_first` (an MCP write under its server's `approve`
+policy: voice.agent.mcp.tools) is dispatched only after a grant recorded in
+the log. The agent loop records `approval/requested` (durable), says the
+question through its surface (`approval_question`: which tool of which
+server, and the arguments that matter) and waits here for the answer:
+
+- the person's next words (spoken: the voice session routes the utterance
+  here instead of making it a request; typed: `voice chat` routes the next
+  line), read by `interpret`: "yes" / "go ahead" grant, "yes, always" grants
+  and remembers; "no", a stop phrase, anything else, or silence past
+  `timeout_s` decline, and the model is told the person declined (with the
+  words, so "no, the other one" can be acted on);
+- `voice ctl approve|deny` from a terminal (`answer`);
+- a barge-in, `session/cancel` or a shutdown withdraws it (the turn's cancel
+  scope ends the wait): never granted, never denied.
+
+Then `approval/answered` (durable) says which, how and with what words. A
+pending approval that a crash left without an answer is asked again after
+the restart (`unanswered`), never dispatched without a new yes.
+
+"Always" grants are keyed by server and tool, kept in the config folder
+(`grants.json`), listed by `voice doctor` and `voice grants`, revoked with
+`voice grants revoke SERVER TOOL`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from voice.log import events as ev
+from voice.log.store import EventStore
+from voice.paths import config_dir
+
+GRANTED, DENIED, WITHDRAWN = "granted", "denied", "withdrawn"
+_YES = {"yes", "yeah", "yep", "yup", "sure", "go ahead", "do it", "ok", "okay", "confirm", "confirmed", "correct",
+        "yes do it", "yes go ahead", "go for it", "please do", "affirmative", "alright", "all right", "approve",
+        "allow", "allow it", "allow once", "yes once"}
+_ALWAYS = {"always", "yes always", "always allow", "allow always", "yes always allow", "always do it",
+           "yes and always", "yes from now on", "always yes"}
+_FILLERS = {"please", "um", "uh", "oh", "well", "so", "hey", "thanks", "thank", "you", "nabu"}
+_SHOWN_ARGUMENTS = 3  # arguments said in a question, the first ones
+_ARGUMENT_CHARS = 60
+
+
+@dataclass(frozen=True)
+class Answer:
+    decision: str  # granted | denied | withdrawn
+    how: str  # voice | text | ctl | always (a remembered grant) | timeout | unavailable | stopped
+    words: str = ""
+    always: bool = False
+
+
+def interpret(words: str) -> tuple[str, bool]:
+    """(granted | denied, always) of what the person said to the question."""
+    said = [w for w in re.findall(r"[a-z]+", words.lower().replace("'", "")) if w not in _FILLERS]
+    text = " ".join(said)
+    if text in _ALWAYS:
+        return GRANTED, True
+    if text in _YES:
+        return GRANTED, False
+    return DENIED, False
+
+
+def approval_question(title: str, server: str, arguments: dict[str, Any]) -> str:
+    """One short sentence made from the call: "Should I use Hass Turn Off on
+    home, with name: Front door? Say yes or no." """
+    readable = re.sub(r"(?<=[a-z])(?=[A-Z])|_+", " ", title).strip()
+    shown = []
+    for key, value in list(arguments.items())[:_SHOWN_ARGUMENTS]:
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        if len(text) > _ARGUMENT_CHARS:
+            text = text[:_ARGUMENT_CHARS] + "..."
+        shown.append(f"{key.replace('_', ' ')} {text}")
+    where = f" on {server}" if server else ""
+    with_ = (", with " + ", ".join(shown)) if shown else ""
+    return f"Should I use {readable}{where}{with_}? Say yes or no."
+
+
+@dataclass
+class Grants:
+    """The person's "always" answers, per (server, tool), in a JSON file."""
+
+    path: Path = field(default_factory=lambda: config_dir() / "grants.json")
+
+    def _read(self) -> list[list[str]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError):
+            return []  # an unreadable file grants nothing: the person is asked again
+        pairs = data.get("always", []) if isinstance(data, dict) else []
+        return [p for p in pairs if isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)]
+
+    def list(self) -> list[tuple[str, str]]:
+        return sorted({(s, t) for s, t in self._read()})
+
+    def allows(self, server: str, tool: str) -> bool:
+        return (server, tool) in self.list()
+
+    def add(self, server: str, tool: str) -> None:
+        self._write(sorted({*self.list(), (server, tool)}))
+
+    def revoke(self, server: str, tool: str) -> bool:
+        now = self.list()
+        if (server, tool) not in now:
+            return False
+        self._write([p for p in now if p != (server, tool)])
+        return True
+
+    def _write(self, pairs: list[tuple[str, str]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"always": [list(p) for p in pairs]}, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)  # never half a file
+
+
+@dataclass
+class Pending:
+    approval_id: str
+    conversation: str
+    turn: int
+    question: str
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: Answer | None = None
+
+
+@dataclass
+class Approvals:
+    """The approvals waiting for an answer, for the whole app."""
+
+    grants: Grants = field(default_factory=Grants)
+    timeout_s: float = 30.0
+    _pending: dict[str, Pending] = field(default_factory=dict)
+
+    def waiting(self, conversation: str | None = None) -> list[Pending]:
+        return [p for p in self._pending.values() if conversation is None or p.conversation == conversation]
+
+    def answer(self, words: str | None = None, *, how: str, decision: str | None = None, always: bool = False,
+               conversation: str | None = None) -> Pending | None:
+        """Answer the newest pending approval (of `conversation`): by the
+        person's `words`, or by a `decision` (ctl). Returns it, or None when
+        none is waiting."""
+        waiting = self.waiting(conversation)
+        if not waiting:
+            return None
+        pending = waiting[-1]
+        if decision is None:
+            decision, always = interpret(words or "")
+        pending.answer = Answer(decision, how, (words or "").strip(), always and decision == GRANTED)
+        pending.answered.set()
+        return pending
+
+    async def wait(self, pending: Pending) -> Answer:
+        """Until the person answers, or `timeout_s` passes (declined)."""
+        self._pending[pending.approval_id] = pending
+        try:
+            with anyio.move_on_after(self.timeout_s):
+                await pending.answered.wait()
+        finally:
+            self._pending.pop(pending.approval_id, None)
+        return pending.answer or Answer(DENIED, "timeout")
+
+
+def unanswered(store: EventStore) -> list[tuple[ev.Event, ev.ApprovalRequested]]:
+    """Approvals asked and never answered (the process died while one was
+    pending), oldest first: they are asked again, never dispatched."""
+    asked: dict[tuple[str, str], tuple[ev.Event, ev.ApprovalRequested]] = {}
+    for e in store.events(None, types={ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED}):
+        body = e.body
+        if isinstance(body, ev.ApprovalRequested):
+            asked[(e.conversation, body.approval_id)] = (e, body)
+        elif isinstance(body, ev.ApprovalAnswered):
+            asked.pop((e.conversation, body.approval_id), None)
+    return list(asked.values())

@@ -1,0 +1,73 @@
+"""One MCP server as the config describes it (`[mcp.servers.NAME]`).
+
+The config loader has already checked every key (voice.config_schema,
+`check_mcp_servers`); this turns a checked table into a `ServerSpec`.
+Header values are never held here: a header names the environment
+variable its value is read from when the server is connected, so a token
+is never in the config, the log or `voice config show`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Approve = Literal["destructive", "writes", "never"]
+
+DEFAULTS: dict[str, Any] = {
+    "command": "", "args": [], "env": {}, "cwd": "", "url": "", "headers": {}, "allow": [], "deny": [],
+    "trust_annotations": False, "read_tools": [], "timeout_s": 30.0, "approve": "destructive",
+    "max_result_chars": 4000, "enabled": True,
+}
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    command: str = ""  # stdio: the program (with `args`)
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # stdio: added to the `tools.command_env` variables
+    cwd: str = ""
+    url: str = ""  # Streamable HTTP
+    headers: tuple[tuple[str, str], ...] = ()  # (header, the environment variable holding its value)
+    allow: tuple[str, ...] = ()  # offer only these tools (empty: all)
+    deny: tuple[str, ...] = ()  # never offer these
+    trust_annotations: bool = False  # the server's readOnly/destructive/idempotent hints are believed
+    read_tools: tuple[str, ...] = ()  # the person says these only read
+    timeout_s: float = 30.0
+    approve: Approve = "destructive"
+    max_result_chars: int = 4000
+    enabled: bool = True
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if self.command else "http"
+
+    def offers(self, tool: str) -> bool:
+        return (not self.allow or tool in self.allow) and tool not in self.deny
+
+    def header_values(self, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+        """The headers to send, and the variables that are not set."""
+        values, missing = {}, []
+        for header, variable in self.headers:
+            if variable in environ:
+                values[header] = environ[variable]
+            else:
+                missing.append(variable)
+        return values, missing
+
+
+def server_specs(config: dict[str, Any]) -> list[ServerSpec]:
+    """The configured servers, enabled or not, in name order (a stable order
+    keeps the tool schemas, and so the request's prefix, the same)."""
+    out = []
+    for name, table in sorted(config.get("mcp", {}).get("servers", {}).items()):
+        t = {**DEFAULTS, **table}
+        out.append(ServerSpec(
+            name=name, command=t["command"], args=tuple(t["args"]), env=tuple(sorted(t["env"].items())),
+            cwd=t["cwd"], url=t["url"], headers=tuple(sorted(t["headers"].items())), allow=tuple(t["allow"]),
+            deny=tuple(t["deny"]), trust_annotations=t["trust_annotations"], read_tools=tuple(t["read_tools"]),
+            timeout_s=float(t["timeout_s"]), approve=t["approve"], max_result_chars=int(t["max_result_chars"]),
+            enabled=t["enabled"]))
+    return out
