@@ -178,7 +178,8 @@ def mcp_servers(config: dict[str, Any], store: EventStore, command_env: dict[str
 @asynccontextmanager
 async def open_app(config: dict[str, Any], *, db: str | Path | None = None, store: EventStore | None = None,
                    llm: str | Provider | None = None, notice: Callable[[str], None] = lambda text: None,
-                   data_dir: Path | None = None, recovery: bool = True, mcp: bool = True) -> AsyncIterator[App]:
+                   data_dir: Path | None = None, recovery: bool = True, mcp: bool = True,
+                   grants: Path | None = None) -> AsyncIterator[App]:
     """Open the assistant behind any surface (see the module docstring).
 
     `db` names the log (or `store` is one already opened: the app closes it
@@ -187,7 +188,8 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
     `notice` hears how the provider was chosen (e.g. the skills fallback);
     `data_dir` is where notes go (default: the XDG data folder); `mcp`:
     start the configured MCP servers (a replay does not: recorded results
-    stand in for every tool)."""
+    stand in for every tool); `grants`: the file of "always" answers
+    (default: the config folder's grants.json; a replay keeps its own)."""
     spec = llm if llm is not None else config["llm"]["provider"]
     # The provider first: a bad --llm fails before anything else is opened.
     provider = await open_provider(spec, config, notice=notice) if isinstance(spec, str) else spec
@@ -198,7 +200,8 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
             commands = dict(config["tools"]["commands"])
             announcer = Announcer()
             timers = TimerService(store, announcer)
-            approvals = Approvals(Grants(config_dir() / "grants.json"), timeout_s=config["tools"]["approval_timeout_s"])
+            approvals = Approvals(Grants(grants or config_dir() / "grants.json"),
+                                  timeout_s=config["tools"]["approval_timeout_s"])
             env = ToolEnv(data_dir=data_dir or default_data_dir(), commands=commands,
                           kill_after_s=config["tools"]["kill_after_s"],
                           services={"timers": timers, "approvals": approvals},

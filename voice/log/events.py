@@ -347,7 +347,7 @@ class ToolResult(Body):
     @classmethod
     def declined(cls, call_id: str, name: str, how: str, words: str) -> ToolResult:
         """Not run: the person was asked and did not say yes."""
-        said = f"; they said: {words!r}" if words else ""
+        said = f" (they said: {words.strip().rstrip('.')!r})" if words else ""
         why = {"timeout": "the person did not answer in time", "unavailable": "no one could be asked here",
                "stopped": "the person stopped the assistant"}.get(how, "the person declined")
         return cls(tool_call_id=call_id, name=name, status=DECLINED,

@@ -44,7 +44,8 @@ from voice.log.store import EventStore
 # may do (the devices, the model server, paths and commands are the
 # machine's own). A section named whole keeps the keys it gains later.
 REPLAYED_SETTINGS = ("vad", "turn_end", "stt", "tts", "barge_in", "listen", "conversation", "llm.max_steps",
-                     "llm.context_tokens", "llm.reply_tokens", "llm.system_prompt", "audio.echo_cancellation")
+                     "llm.context_tokens", "llm.reply_tokens", "llm.system_prompt", "audio.echo_cancellation",
+                     "tools.approval_timeout_s")
 TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
 
 
@@ -198,9 +199,15 @@ def _tools(events: list[Event], turns: set[int]) -> list[dict[str, Any]]:
     receipt and phrase, and how long it took."""
     calls: dict[str, dict[str, Any]] = {}
     for e in events:
-        if e.turn not in turns or e.type not in (ev.TOOL_DISPATCH, ev.TOOL_RESULT, ev.EFFECT_RECEIPT):
+        if e.turn not in turns or e.type not in (ev.TOOL_DISPATCH, ev.TOOL_RESULT, ev.EFFECT_RECEIPT,
+                                                  ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED):
             continue
         p = e.payload
+        if e.type in (ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED):
+            # Asked first in the session: asked in the replay too (a remembered grant asked nothing).
+            call = calls.setdefault(p["approval_id"], {"name": p.get("tool", "")})
+            call["asked"] = call.get("asked", True) and p.get("how") != "always"
+            continue
         call = calls.setdefault(p["tool_call_id"], {"name": p["name"]})
         if e.type == ev.TOOL_DISPATCH:
             call["effect"], call["dispatched"] = p.get("effect") or "read", e.at_mono
@@ -214,13 +221,17 @@ def _tools(events: list[Event], turns: set[int]) -> list[dict[str, Any]]:
                 call["phrase"] = p["phrase"]
     out = []
     for call in calls.values():
-        if "result" not in call:
+        if "result" not in call and not call.get("asked"):
             continue  # never dispatched: the replay will not dispatch it either
+        if "result" not in call:  # asked and not dispatched: the replay asks too
+            call.update(wait_s=0.0, result="", effect="write")
         tool = {"name": call["name"], "wait_s": call["wait_s"], "result": call["result"], "effect": call["effect"]}
         if call["effect"] == "write":
             tool["receipt"] = call.get("receipt", ev.UNKNOWN)
         if "phrase" in call:
             tool["phrase"] = call["phrase"]
+        if call.get("asked"):
+            tool["ask_first"] = True
         out.append(tool)
     return out
 

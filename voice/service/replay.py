@@ -93,7 +93,7 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         store = EventStore(out / "events.db")
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
         async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False,
-                            mcp=False) as app:  # recorded results stand in for every tool: no MCP server starts
+                            mcp=False, grants=out / "grants.json") as app:  # recorded results stand in for every tool: no MCP server starts
             for name in dict.fromkeys(t.name for t in scenario.tools):
                 app.tools.add(_scenario_tool([t for t in scenario.tools if t.name == name]))
             session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
@@ -169,7 +169,8 @@ def _scenario_tool(specs):
 
     first = specs[0]
     return Tool(first.name, f"scenario tool that waits {first.wait_s} s", {"type": "object"}, first.effect, run,
-                timeout_s=max(s.wait_s for s in specs) + 30)
+                timeout_s=max(s.wait_s for s in specs) + 30, ask_first=first.ask_first,
+                destructive=first.ask_first)
 
 
 def _summary(session, device, store, wall: float) -> dict[str, Any]:

@@ -24,7 +24,8 @@ stand-in with `receipt` (confirmed, failed or unknown) returns that receipt
 and may carry the tool's own `phrase`; without one it returns only its
 result, so what it did is unknown. Several [[tool]] tables
 with one name answer its calls in order (the last one repeats): a recorded
-session's calls.
+session's calls. `ask_first = true` makes the assistant ask the person
+before each call, as an MCP server's destructive write does.
 
 A recorded session (voice.service.recording) is one [[user]] track at 0:
 the microphone as captured, from the device's start; each `[[play]]`
@@ -63,7 +64,7 @@ from voice.speech.stt import STT_MODELS
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
         "mic_blocks"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
-_TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase"}
+_TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase", "ask_first"}
 _USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
 _WHEN = ("at", "barge_in_after", "after_reply", "after_idle")
 
@@ -76,6 +77,7 @@ class ScenarioTool:
     effect: str = "read"
     receipt: str | None = None  # what a write stand-in's receipt says (None: it gives none: unknown)
     phrase: str | None = None
+    ask_first: bool = False  # the person is asked before each call (voice.agent.approvals)
 
 
 @dataclass(frozen=True)
@@ -186,10 +188,12 @@ def load_scenario(path: str | Path) -> Scenario:
                 "confirmed", "failed", "unknown"):
             raise ValueError(f"scenario {path}: [[tool]] {n}: effect is read or write; receipt confirmed, failed "
                              "or unknown")
+        if not isinstance(t.get("ask_first", False), bool):
+            raise ValueError(f"scenario {path}: [[tool]] {n}: ask_first is true or false")
         tools.append(ScenarioTool(str(t["name"]), _number(path, f"[[tool]] {n} wait_s", t.get("wait_s", 0), 0.0, DAY_S),
                                   str(t.get("result", "")),
                                   str(t.get("effect", "read")), t.get("receipt"),
-                                  str(t["phrase"]) if "phrase" in t else None))
+                                  str(t["phrase"]) if "phrase" in t else None, t.get("ask_first", False)))
     echo = None
     if "echo" in data:
         if not isinstance(data["echo"], dict) or set(data["echo"]) - _ECHO:

@@ -181,9 +181,13 @@ class VoiceSession:
                 tg.cancel_scope.cancel()
 
     def idle(self) -> bool:
-        """Nothing heard, thought or said is pending."""
+        """Nothing heard, thought or said is pending (a turn that waits for
+        the person's answer to its question waits on them, not on itself)."""
         p = self.parts
-        return not (p.listen.speaking or p.transcribe.busy or p.turns.waiting or p.agent.busy
+        asking = p.agent.waiting_for_person  # the running turn (one of the requests waiting) asked its question
+        thinking = p.agent.busy and not asking
+        queued = p.turns.waiting - (1 if asking else 0)
+        return not (p.listen.speaking or p.transcribe.busy or queued or thinking
                     or p.surface.playing() or p.speak.busy)
 
     # -- events from the pipeline (voice.speech.pipeline.ListenEvents) ------
