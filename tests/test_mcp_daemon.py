@@ -1,0 +1,69 @@
+"""MCP servers under the daemon (`voice run --replay`, the service's own
+code path on a replay device): a question before a destructive call is
+answered from a terminal with `voice ctl approve` / `voice ctl deny`, and
+every server the daemon started is gone when it stops, within its bound."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mcp_fixtures import chaos_server_command, events, process_is_running
+from test_service import ROOT, SCENARIOS, Daemon, env_for, voice
+from voice.log import events as ev
+
+pytestmark = pytest.mark.slow
+
+
+def unlock(door: str) -> str:
+    return (f'[[reply]]\nchunk_delay_ms = 10\n[[reply.tool_calls]]\nname = "chaos__unlock_door"\n'
+            f'arguments = {{ door = "{door}" }}\n')
+
+
+def say(text: str) -> str:
+    return f'[[reply]]\nchunk_delay_ms = 10\ntext = "{text}"\n'
+
+
+def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_daemon(tmp_path):
+    journal = tmp_path / "chaos.journal"
+    argv = chaos_server_command(journal)
+    config = tmp_path / "voice.toml"
+    config.write_text(f'[listen]\nmode = "open"\n[mcp.servers.chaos]\ncommand = {json.dumps(argv[0])}\n'
+                      f"args = {json.dumps(argv[1:])}\n")
+    script = tmp_path / "replies.toml"
+    script.write_text(unlock("front") + say("The front door is unlocked.") + unlock("back") + say("I left it."))
+    scenario = tmp_path / "unlock.toml"
+    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = 0.3\n')
+    d = Daemon(tmp_path, scenario, extra_args=("--config", str(config), "--llm", f"scripted:{script}"))
+    try:
+        d.pump(lambda: any(e.type == ev.APPROVAL_REQUESTED for e in d.events()), timeout=90)
+        approved = voice(tmp_path, "ctl", "approve")
+        assert approved.returncode == 0, approved.stderr
+        assert approved.stdout == "granted: Should I use unlock door on chaos, with door front? Say yes or no.\n"
+        d.pump(lambda: any(e.type == ev.TURN_END for e in d.events()))
+        assert [e["label"] for e in events(journal, "done")] == ["front"]
+        # A typed turn asks about the back door: denied from the terminal while `ctl say` waits.
+        typed = subprocess.Popen([sys.executable, "-m", "voice", "ctl", "say", "unlock the back door"], cwd=ROOT,
+                                 env=env_for(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        d.pump(lambda: sum(e.type == ev.APPROVAL_REQUESTED for e in d.events()) == 2)
+        denied = voice(tmp_path, "ctl", "deny")
+        assert denied.returncode == 0 and denied.stdout.startswith("denied: "), denied.stderr
+        out, _ = typed.communicate(timeout=60)
+        assert "I left it." in out
+        assert [e["label"] for e in events(journal, "done")] == ["front"]
+        nothing = voice(tmp_path, "ctl", "deny")
+        assert nothing.returncode == 1 and "no question is waiting for an answer" in nothing.stderr
+        pid = events(journal, "pid")[0]["pid"]
+        took = d.stop()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    answered = [(e.body.decision, e.body.how) for e in d.events() if e.type == ev.APPROVAL_ANSWERED]
+    assert answered == [("granted", "ctl"), ("denied", "ctl")]
+    assert not process_is_running(pid)
+    assert took < 5.0
