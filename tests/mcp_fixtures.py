@@ -101,7 +101,7 @@ def process_is_running(pid: int) -> bool:
 
 @contextlib.contextmanager
 def start_home_assistant(
-    tmp_path: Path, token: str, *, modern: bool = False
+    tmp_path: Path, token: str, *, modern: bool = False, slow_s: float = 0.0
 ) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     """Run the Home Assistant stand-in on a free port for the length of the
     `with`: yields (url of /api/mcp, its process, its journal). It requires
@@ -113,6 +113,8 @@ def start_home_assistant(
     argv = [sys.executable, str(HOME_ASSISTANT), "--port", "0", "--journal", str(journal)]
     if modern:
         argv.append("--modern")
+    if slow_s:
+        argv += ["--slow-s", str(slow_s)]
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
                                 env={**os.environ, "HA_TOKEN": token})

@@ -67,3 +67,50 @@ def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_d
     assert answered == [("granted", "ctl"), ("denied", "ctl")]
     assert not process_is_running(pid)
     assert took < 5.0
+
+
+def test_a_question_a_killed_daemon_left_is_asked_again_and_answered_from_the_terminal(tmp_path):
+    journal = tmp_path / "chaos.journal"
+    argv = chaos_server_command(journal)
+    config = tmp_path / "voice.toml"
+    config.write_text(f'[listen]\nmode = "open"\n[mcp.servers.chaos]\ncommand = {json.dumps(argv[0])}\n'
+                      f"args = {json.dumps(argv[1:])}\n")
+    first = tmp_path / "first.toml"
+    first.write_text(unlock("front"))
+    scenario = tmp_path / "unlock.toml"
+    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = 0.3\n')
+    d = Daemon(tmp_path, scenario, extra_args=("--config", str(config), "--llm", f"scripted:{first}"))
+    try:
+        d.pump(lambda: any(e.type == ev.APPROVAL_REQUESTED for e in d.events()), timeout=90)
+        server = events(journal, "pid")[0]["pid"]
+    finally:
+        d.proc.kill()  # kill -9 while the question waits
+        d.proc.wait(10)
+        d.notify.close()
+        Path(d.notify_path).unlink()
+    deadline = time.monotonic() + 5
+    while process_is_running(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_is_running(server), "the MCP server outlived the daemon killed with -9"
+
+    after = tmp_path / "after.toml"
+    after.write_text(say("The front door is unlocked."))
+    quiet = tmp_path / "quiet.toml"  # nobody speaks in the next 10 minutes
+    quiet.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = 600\n')
+    d = Daemon(tmp_path, quiet, extra_args=("--config", str(config), "--llm", f"scripted:{after}"))
+    try:
+        d.pump(lambda: sum(e.type == ev.APPROVAL_REQUESTED for e in d.events()) == 2, timeout=90)
+        assert not events(journal, "start"), "dispatched without a new yes"
+        approved = voice(tmp_path, "ctl", "approve")
+        assert approved.returncode == 0, approved.stderr
+        assert "Before I stopped, I was asking you this." in approved.stdout
+        d.pump(lambda: sum(e.type == ev.TURN_END for e in d.events()) == 2)
+        d.stop()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    assert [e["label"] for e in events(journal, "done")] == ["front"]
+    log = d.events()
+    answered = [(e.body.decision, e.body.how) for e in log if e.type == ev.APPROVAL_ANSWERED]
+    assert answered == [("withdrawn", "restart"), ("granted", "ctl")]
+    assert [e.body.outcome for e in log if e.type == ev.TURN_END] == [ev.INTERRUPTED, ev.COMPLETED]

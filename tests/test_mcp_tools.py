@@ -30,6 +30,7 @@ from mcp_fixtures import (
     server_memory_command,
     server_memory_env,
     server_pid,
+    start_home_assistant,
     time_server_command,
     wait_for_event,
     SERVER_MEMORY_INSTALL_HINT,
@@ -365,3 +366,35 @@ async def test_a_stop_while_a_question_waits_withdraws_it_and_nothing_is_dispatc
     assert [(a.decision, a.how) for a in answered] == [("withdrawn", "stopped")]
     assert [r.status for r in results] == [ev.ABORTED_BEFORE_DISPATCH]
     assert not events(journal, "start")
+
+
+@pytest.mark.parametrize("modern", [False, True], ids=["2025-11-25", "2026-07-28"])
+async def test_a_stop_during_an_http_call_ends_the_request_as_the_revision_says(tmp_path, monkeypatch, modern):
+    """Streamable HTTP: 2025-11-25 posts notifications/cancelled for the
+    request; 2026-07-28 closes the request's own stream (that is the cancel).
+    Either way the turn ends at once and the write is unknown."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.setenv("HA_AUTHORIZATION", "Bearer tok")
+    with start_home_assistant(tmp_path, "tok", modern=modern, slow_s=30) as (url, _, journal):
+        config = config_with(tmp_path, home={"url": url, "headers": {"Authorization": "HA_AUTHORIZATION"},
+                                             "approve": "never"})
+        provider = scripted(call("home__HassTurnOff", name="Front door"))
+        async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+            server = app.mcp.servers[0]
+            assert server.protocol == ("2026-07-28" if modern else "2025-11-25")
+            agent = app.agent(TextSurface(out=io.StringIO()), "c1")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent.run_turn, "unlock the front door")
+                await wait_for_event(journal, "waiting", timeout=10)
+                cancelled_at = anyio.current_time()
+                agent.cancel()
+            assert anyio.current_time() - cancelled_at < 0.25
+            assert [e.body.state for e in rows(app.store, ev.EFFECT_RECEIPT)] == [ev.UNKNOWN]
+            if modern:  # no notification on this wire: the client aborted the request's POST instead
+                await anyio.sleep(0.5)
+                assert [e["method"] for e in events(journal, "posted")][-1] == "tools/call"
+            else:
+                posted = await wait_for_event(journal, "posted", timeout=5, method="notifications/cancelled")
+                call_id = [e for e in events(journal, "posted") if e["method"] == "tools/call"][0]["requestId"]
+                assert posted["params"]["requestId"] == call_id
+        assert not [e for e in events(journal, "state") if e["label"] == "Front door"], "the door was unlocked"

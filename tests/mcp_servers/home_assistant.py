@@ -6,13 +6,17 @@ GetLiveContext) with no annotations at all, as the real one does, so a
 client learns nothing from annotations about which call unlocks a door.
 Like the real one, HassTurnOff on a lock unlocks it.
 
-    HA_TOKEN=secret python tests/mcp_servers/home_assistant.py --port 0 [--journal FILE] [--modern]
+    HA_TOKEN=secret python tests/mcp_servers/home_assistant.py --port 0 [--journal FILE] [--modern] [--slow-s S]
 
 --port 0 picks a free port; either way `PORT <n>` is printed on stdout once
 the server is listening. The real integration is built on the 1.x SDK and
 so speaks only the initialize handshake (2025-11-25): `server/discover` is
 refused with -32601 unless --modern, which also serves 2026-07-28. Like the
-real one it is stateless and answers each POST with a JSON body."""
+real one it is stateless and answers each POST with a JSON body.
+--slow-s makes HassTurnOn and HassTurnOff take that long before they act (a
+slow device), so a test can stop a call mid-flight: each JSON-RPC message
+posted is journaled (`posted`, with its method), and so is a handler the
+server cancelled (`cancelled`)."""
 
 from __future__ import annotations
 
@@ -44,8 +48,9 @@ STARTUP_LIMIT_S = 20.0
 class Home:
     """Entity states, changed the way Home Assistant's intents change them."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, slow_s: float = 0.0) -> None:
         self.journal = journal
+        self.slow_s = slow_s
         self.entities: dict[str, dict[str, str]] = {
             "Kitchen light": {"domain": "light", "entity_id": "light.kitchen", "state": "off", "area": "Kitchen"},
             "Front door": {"domain": "lock", "entity_id": "lock.front_door", "state": "locked", "area": "Hallway"},
@@ -99,12 +104,23 @@ class Home:
 def build_server(home: Home, *, modern: bool) -> MCPServer:
     server = MCPServer("home-assistant", version="2026.10.0", log_level="WARNING")
 
+    async def slowly(tool: str, name: str) -> None:
+        if home.slow_s > 0:
+            home.journal.log("waiting", tool=tool, label=name)
+            try:
+                await anyio.sleep(home.slow_s)
+            except anyio.get_cancelled_exc_class():
+                home.journal.log("cancelled", tool=tool, label=name)
+                raise
+
     @server.tool(name="HassTurnOn", description="Turns on/opens/locks a device or entity", structured_output=False)
-    def hass_turn_on(name: str) -> str:
+    async def hass_turn_on(name: str) -> str:
+        await slowly("HassTurnOn", name)
         return home.set_state("HassTurnOn", name, turned_on=True)
 
     @server.tool(name="HassTurnOff", description="Turns off/closes/unlocks a device or entity", structured_output=False)
-    def hass_turn_off(name: str) -> str:
+    async def hass_turn_off(name: str) -> str:
+        await slowly("HassTurnOff", name)
         return home.set_state("HassTurnOff", name, turned_on=False)
 
     @server.tool(
@@ -147,11 +163,35 @@ class RequireBearerToken:
                 })
                 await send({"type": "http.response.body", "body": UNAUTHORIZED_BODY})
                 return
+            receive = self._journaled(receive)
         await self.app(scope, receive, send)
 
+    def _journaled(self, receive: Receive) -> Receive:
+        """The request as the app reads it, each JSON-RPC message's method
+        journaled (`posted`)."""
+        body = bytearray()
 
-async def serve(port: int, token: str, journal: Journal, *, modern: bool) -> None:
-    server = build_server(Home(journal), modern=modern)
+        async def read() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body"):
+                    try:
+                        posted = json.loads(body) if body else None
+                    except ValueError:
+                        posted = None
+                    for item in posted if isinstance(posted, list) else [posted]:
+                        if isinstance(item, dict):
+                            self.journal.log("posted", method=item.get("method"), requestId=item.get("id"),
+                                             params=item.get("params") if item.get("method") == "notifications/cancelled"
+                                             else None)
+            return message
+
+        return read
+
+
+async def serve(port: int, token: str, journal: Journal, *, modern: bool, slow_s: float = 0.0) -> None:
+    server = build_server(Home(journal, slow_s), modern=modern)
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, stateless_http=True, json_response=True)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -179,6 +219,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True, help="port on 127.0.0.1; 0 picks a free one")
     parser.add_argument("--journal", help="file to append one JSON line per event to")
     parser.add_argument("--modern", action="store_true", help="also serve the 2026-07-28 revision (server/discover)")
+    parser.add_argument("--slow-s", type=float, default=0.0, help="HassTurnOn/Off wait this long before acting")
     args = parser.parse_args()
     token = os.environ.get("HA_TOKEN", "")
     if not token:
@@ -186,7 +227,7 @@ def main() -> None:
     journal = Journal(args.journal)
     journal.log("pid", pid=os.getpid())
     # uvicorn stops on SIGTERM/SIGINT, then re-raises the signal: the process ends by it.
-    anyio.run(functools.partial(serve, args.port, token, journal, modern=args.modern))
+    anyio.run(functools.partial(serve, args.port, token, journal, modern=args.modern, slow_s=args.slow_s))
 
 
 if __name__ == "__main__":

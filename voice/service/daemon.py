@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
+from voice.agent.approvals import unanswered
 from voice.audio.device import MIC_RATE
 from voice.errors import Failed, UsageError
 from voice.service.notify import notify, watchdog, watchdog_interval
@@ -185,6 +186,8 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 notify("READY=1")
                 started = True
                 _stderr(f"listening ({device.describe()}); {_how_to_talk(session)}; control socket {control.path}")
+                for _, asked in unanswered(app.store):  # a question a crash left unanswered is asked again first
+                    tg.start_soon(session.ask_again, asked)
                 interval = watchdog_interval()
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
                     tg.start_soon(watchdog, lambda: session.listen.position, interval)

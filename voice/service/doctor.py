@@ -269,10 +269,31 @@ def check_mcp(config: dict[str, Any]) -> list[Check]:
             tg.cancel_scope.cancel()
 
     anyio.run(look)
+    out.append(_schema_budget(config, [t for s in servers.servers for t in s.tools()]))
     grants = Grants(_config_dir() / "grants.json").list()
     out.append(Check("approval grants", OK, ", ".join(f"{t} of {s}" for s, t in grants) + " always allowed"
                      if grants else "none (every call that asks first asks each time; voice grants revoke undoes one)"))
     return out
+
+
+def _schema_budget(config: dict[str, Any], tools: list) -> Check:
+    """Every request carries the tool schemas: what the MCP servers' take of
+    the context, and what is left for the conversation."""
+    from voice.agent.loop import history_budget
+    from voice.agent.tools import default_tools
+    from voice.app import loop_settings
+
+    settings = loop_settings(config)
+    builtin = [t.schema() for t in (default_tools(config["tools"]["commands"]).get(n)
+                                    for n in default_tools(config["tools"]["commands"]).names())]
+    left = history_budget(settings, builtin + [t.schema() for t in tools])
+    before = history_budget(settings, builtin)
+    detail = (f"the {len(tools)} MCP tools' schemas take {before - left} of the {before} tokens the conversation "
+              f"would have (llm.context_tokens = {settings.context_tokens}); {left} are left")
+    if left < MIN_HISTORY_TOKENS:
+        return Check("mcp tool schemas", WARN, detail, "offer fewer tools (mcp.servers.NAME.allow or deny), or raise "
+                                                       "llm.context_tokens to your server's context")
+    return Check("mcp tool schemas", OK, detail)
 
 
 def _kind(tool) -> str:

@@ -326,6 +326,15 @@ class VoiceSession:
         """`voice ctl new`: the conversation ends (after a running turn); returns the next one's id."""
         return await self.parts.turns.new_conversation(self.parts.listen.position)
 
+    async def ask_again(self, asked: ev.ApprovalRequested) -> None:
+        """A question a crash left unanswered, asked again in a turn of its
+        own, in its place in the queue (voice.agent.approvals)."""
+        position = self.parts.listen.position
+        try:
+            await self.parts.turns.submit(Request("", "voice", position, position, 0.0, asked_again=asked))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.ignored("a question left unanswered was not asked again: shutting down")
+
     def answer_approval(self, granted: bool, always: bool) -> str | None:
         """`voice ctl approve|deny`: answers the question a call waits on."""
         approvals = self.parts.agent.tool_env.services.get("approvals")

@@ -60,6 +60,7 @@ class Request:
     # A new conversation, asked for: "asked" (the person said so), "new" (`voice ctl new`).
     new: str | None = None
     switched: NewConversation | None = None  # set once such a request was handled
+    asked_again: ev.ApprovalRequested | None = None  # no words: a question a crash left unanswered, asked again
 
 
 @dataclass
@@ -229,7 +230,7 @@ class TurnRunner:
 
     async def _handle(self, request: Request) -> None:
         early = self._take_early(request)  # dropped unless this turn asks exactly what it answers
-        if request.stop != "sound" and request.new != "new":
+        if request.stop != "sound" and request.new != "new" and request.asked_again is None:
             self.transcript(f"you: {request.text}")
         if request.stop is not None:
             self._record_stop(request)
@@ -258,7 +259,8 @@ class TurnRunner:
             audio = {"start": request.start, "end": request.end, "stt_ms": round(request.stt_s * 1000, 1)}
         self.before_turn()
         try:
-            request.result = await self.agent.run_turn(request.text, source=request.source, audio=audio, early=early)
+            request.result = await self.agent.run_turn(request.text, source=request.source, audio=audio, early=early,
+                                                       asked_again=request.asked_again)
         except anyio.get_cancelled_exc_class():  # shutdown: the turn closed `interrupted`
             started = self.store.events(self.conversation, types={ev.TURN_START}, after_seq=before)
             if started:
