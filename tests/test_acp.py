@@ -130,10 +130,12 @@ async def test_tool_call_is_reported(tmp_path):
         session = await new_session(conn, tmp_path)
         assert await prompt(conn, session, "what time is it?") == "end_turn"
         kinds = [m["params"]["update"]["sessionUpdate"] for m in wire.messages if m.get("method") == "session/update"]
-        assert kinds[:2] == ["tool_call", "tool_call_update"], kinds
+        assert kinds[:3] == ["tool_call", "tool_call_update", "tool_call_update"], kinds
         start, = wire.updates("tool_call")
-        done, = wire.updates("tool_call_update")
-        assert start["title"] == "get_time" and start["status"] in ("pending", "in_progress")
+        running, done = wire.updates("tool_call_update")
+        # Pending when the model made it, in progress once dispatched, then its final status; a readable title.
+        assert start["title"] == "Get time" and start["status"] == "pending"
+        assert running["toolCallId"] == start["toolCallId"] and running["status"] == "in_progress"
         assert done["toolCallId"] == start["toolCallId"] and done["status"] == "completed"
         assert "iso" in done["rawOutput"]
         assert "".join(wire.chunks()) == "It is time."

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import anyio
 import pytest
 from acp import text_block
 
@@ -224,16 +225,17 @@ async def test_acp_sessions_held_stay_bounded_and_a_released_one_answers(tmp_pat
     replies = [{"text": f"Reply {n}.", "chunk_delay_ms": 0} for n in range(3 * KEEP_SESSIONS + 2)]
     async with open_app(default_config(), db=tmp_path / "events.db", llm=scripted(*replies),
                         data_dir=tmp_path / "data", recovery=False) as app:
-        acp = VoiceAcpAgent(app)
-        acp.on_connect(Conn())
-        ids = []
-        for n in range(3 * KEEP_SESSIONS):
-            ids.append((await acp.new_session(cwd=str(tmp_path))).session_id)
-            await acp.prompt(ids[-1], [text_block(f"hello {n}")])
-        assert len(acp.sessions) <= KEEP_SESSIONS
-        assert ids[0] not in acp.sessions
-        response = await acp.prompt(ids[0], [text_block("me again")])
-        assert response.stop_reason == "end_turn"
+        async with anyio.create_task_group() as tg:
+            acp = VoiceAcpAgent(app, tg)
+            acp.on_connect(Conn())
+            ids = []
+            for n in range(3 * KEEP_SESSIONS):
+                ids.append((await acp.new_session(cwd=str(tmp_path))).session_id)
+                await acp.prompt(ids[-1], [text_block(f"hello {n}")])
+            assert len(acp.sessions) <= KEEP_SESSIONS
+            assert ids[0] not in acp.sessions
+            response = await acp.prompt(ids[0], [text_block("me again")])
+            assert response.stop_reason == "end_turn"
         assert [e.body.content for e in app.store.events(ids[0], types={ev.USER_MESSAGE})] == ["hello 0", "me again"]
 
 

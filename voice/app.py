@@ -41,7 +41,7 @@ import anyio
 from voice.agent.approvals import Approvals, Grants
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
-from voice.agent.mcp.settings import server_specs
+from voice.agent.mcp.settings import ServerSpec, server_specs
 from voice.agent.providers import Provider, open_provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
@@ -119,6 +119,7 @@ class Announcer:
 
     keep: int = 16
     _target: Say | None = None
+    _routed: Callable[[str, str], Awaitable[None]] | None = None  # (conversation, text): a surface per conversation
     _waiting: deque[str] = field(default_factory=deque)
 
     async def attach(self, target: Say) -> None:
@@ -126,8 +127,22 @@ class Announcer:
         while self._waiting:
             await target(self._waiting.popleft())
 
+    async def attach_routed(self, target: Callable[[str, str], Awaitable[None]]) -> None:
+        """A surface with one session per conversation (ACP): what belongs to
+        a conversation (a timer it set) goes to that conversation's session."""
+        self._routed = target
+        await self.attach(lambda text: target("", text))
+
+    async def to(self, conversation: str, text: str) -> None:
+        """Announce what belongs to `conversation`."""
+        if self._routed is not None:
+            await self._routed(conversation, text)
+        else:
+            await self(text)
+
     def detach(self) -> None:
         self._target = None
+        self._routed = None
 
     async def __call__(self, text: str) -> None:
         if self._target is None:
@@ -163,16 +178,16 @@ class App:
                          self.tool_env)
 
 
-def mcp_servers(config: dict[str, Any], store: EventStore, command_env: dict[str, str]) -> McpServers:
-    """The configured MCP servers; a result that comes after its call was
-    cancelled is logged `late/output` and goes no further."""
+def mcp_servers(specs: list[ServerSpec], store: EventStore, command_env: dict[str, str]) -> McpServers:
+    """MCP servers (the config's, or an editor's for its session); a result
+    that comes after its call was cancelled is logged `late/output` and goes
+    no further."""
 
     def late(result: LateResult) -> None:
         store.record(result.conversation, LateOutput(kind="mcp-result", tool_call_id=result.tool_call_id,
                                                      server=result.server, error=result.error), turn=result.turn)
 
-    return McpServers([McpServer(spec, command_env=command_env, environ=os.environ, on_late=late)
-                       for spec in server_specs(config)])
+    return McpServers([McpServer(spec, command_env=command_env, environ=os.environ, on_late=late) for spec in specs])
 
 
 @asynccontextmanager
@@ -207,7 +222,7 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
                           services={"timers": timers, "approvals": approvals},
                           command_env=command_environment(config))
             app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config),
-                      mcp_servers(config, store, env.command_env) if mcp else McpServers([]))
+                      mcp_servers(server_specs(config), store, env.command_env) if mcp else McpServers([]))
             async with anyio.create_task_group() as tg:
                 await tg.start(app.mcp.run)
                 for tool in app.mcp.tools():  # in a fixed order: the request's prefix stays the same

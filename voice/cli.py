@@ -469,9 +469,10 @@ def cmd_grants(args: argparse.Namespace) -> int:
         return 0
     if args.server or args.tool:
         raise UsageError("voice grants takes a server and a tool only with revoke")
-    listed = grants.list()
-    for server, tool in listed:
-        print(f"{server} {tool}: always allowed")
+    listed = [(s, t, "always allowed") for s, t in grants.list("always")]
+    listed += [(s, t, "always declined") for s, t in grants.list("never")]
+    for server, tool, what in listed:
+        print(f"{server} {tool}: {what}")
     if not listed:
         print(f"no grants ({grants.path}): every call that asks first asks each time")
     return 0

@@ -87,40 +87,53 @@ def approval_question(title: str, server: str, arguments: dict[str, Any]) -> str
 
 @dataclass
 class Grants:
-    """The person's "always" answers, per (server, tool), in a JSON file."""
+    """The person's "always" answers per (server, tool), in a JSON file:
+    `always` (allowed without asking) and `never` (declined without asking:
+    an editor's "always reject")."""
 
     path: Path = field(default_factory=lambda: config_dir() / "grants.json")
 
-    def _read(self) -> list[list[str]]:
+    def _read(self) -> dict[str, list[tuple[str, str]]]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return []
+            data = {}
         except (OSError, ValueError):
-            return []  # an unreadable file grants nothing: the person is asked again
-        pairs = data.get("always", []) if isinstance(data, dict) else []
-        return [p for p in pairs if isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)]
+            data = {}  # an unreadable file grants nothing: the person is asked again
+        if not isinstance(data, dict):
+            data = {}
+        return {kind: sorted({(p[0], p[1]) for p in data.get(kind, []) if isinstance(p, list) and len(p) == 2
+                              and all(isinstance(x, str) for x in p)})
+                for kind in ("always", "never")}
 
-    def list(self) -> list[tuple[str, str]]:
-        return sorted({(s, t) for s, t in self._read()})
+    def list(self, kind: str = "always") -> list[tuple[str, str]]:
+        return self._read()[kind]
 
     def allows(self, server: str, tool: str) -> bool:
-        return (server, tool) in self.list()
+        return (server, tool) in self.list("always")
 
-    def add(self, server: str, tool: str) -> None:
-        self._write(sorted({*self.list(), (server, tool)}))
+    def refuses(self, server: str, tool: str) -> bool:
+        return (server, tool) in self.list("never")
+
+    def add(self, server: str, tool: str, *, allow: bool = True) -> None:
+        data = self._read()
+        keep, drop = ("always", "never") if allow else ("never", "always")
+        data[keep] = sorted({*data[keep], (server, tool)})
+        data[drop] = [p for p in data[drop] if p != (server, tool)]
+        self._write(data)
 
     def revoke(self, server: str, tool: str) -> bool:
-        now = self.list()
-        if (server, tool) not in now:
+        data = self._read()
+        if (server, tool) not in data["always"] + data["never"]:
             return False
-        self._write([p for p in now if p != (server, tool)])
+        self._write({kind: [p for p in pairs if p != (server, tool)] for kind, pairs in data.items()})
         return True
 
-    def _write(self, pairs: list[tuple[str, str]]) -> None:
+    def _write(self, data: dict[str, list[tuple[str, str]]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"always": [list(p) for p in pairs]}, indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps({kind: [list(p) for p in pairs] for kind, pairs in data.items() if pairs},
+                                  indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)  # never half a file
 
 

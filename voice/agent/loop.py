@@ -441,6 +441,8 @@ class AgentLoop:
         for call in calls:
             self._record(state, ev.ToolCalled(tool_call_id=call.id, name=call.name, arguments=call.arguments_json,
                                               provider_id=call.provider_id))
+        for call in calls:
+            await self._tool_state(call, "pending")
         receipts: list[str] = []
         phrases: list[str] = []
         while state.pending_calls:
@@ -476,6 +478,7 @@ class AgentLoop:
             self._record(state, ev.ToolDispatched(tool_call_id=call.id, name=call.name, effect=tool.effect,
                                                   arguments=args))
             dispatched = True
+            await self._tool_state(call, "in_progress")
             known, result = await self._dispatch(state, call, tool, args, ctx)
             return known, result
         except anyio.get_cancelled_exc_class():
@@ -488,6 +491,9 @@ class AgentLoop:
         finally:
             if result is not None:
                 self._record(state, result)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await self._tool_state(call, "completed" if result.status == "ok" and result.receipt != ev.FAILED
+                                           else "failed", result)
 
     async def _dispatch(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
                         ctx: ToolContext) -> tuple[str, ev.ToolResult]:
@@ -517,6 +523,15 @@ class AgentLoop:
         known = receipt.state if receipt else None
         return known or "", ev.ToolResult.ok(call.id, call.name, outcome.content, known, outcome.phrase)
 
+    async def _tool_state(self, call: ToolCall, status: str, result: ev.ToolResult | None = None) -> None:
+        """Tell a surface that shows tool calls (ACP) where one stands:
+        pending (the model made it), in_progress (dispatched), completed or
+        failed, with what the model saw of its result."""
+        show = getattr(self.surface, "tool_state", None)
+        if show is not None:
+            tool = self.tools.get(call.name)
+            await show(call, tool, status, result)
+
     async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool,
                        args: dict[str, Any]) -> ev.ToolResult | None:
         """Ask the person before dispatching (voice.agent.approvals): None
@@ -530,8 +545,17 @@ class AgentLoop:
         self._record(state, ev.ApprovalRequested(approval_id=call.id, tool=call.name, server=tool.source,
                                                  title=tool.title, arguments=args, question=question,
                                                  asked_again=again))
+        ask_client = getattr(self.surface, "ask_permission", None)  # a client with its own dialog (ACP)
         if approvals is not None and approvals.grants.allows(tool.source, call.name):
             answer = Answer(GRANTED, "always")
+        elif approvals is not None and approvals.grants.refuses(tool.source, call.name):
+            answer = Answer(DENIED, "always")
+        elif ask_client is not None:
+            try:
+                answer = await ask_client(call, tool, args, question)
+            except anyio.get_cancelled_exc_class():
+                self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=WITHDRAWN, how="stopped"))
+                raise
         elif approvals is None or not getattr(self.surface, "answers_questions", False):
             answer = Answer(DENIED, "unavailable")
         else:
@@ -547,9 +571,9 @@ class AgentLoop:
                 self.waiting_for_person = False
         self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=answer.decision, how=answer.how,
                                                 words=answer.words, always=answer.always))
+        if answer.always and approvals is not None and answer.how != "always":
+            approvals.grants.add(tool.source, call.name, allow=answer.decision == GRANTED)
         if answer.decision == GRANTED:
-            if answer.always and approvals is not None:
-                approvals.grants.add(tool.source, call.name)
             return None
         return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)
 
@@ -673,7 +697,9 @@ class AgentLoop:
                 self._played(state, ref, self.surface.delivered(ref))
         state.playing.clear()
         for call in state.pending_calls:
-            self._record(state, ev.ToolResult.not_dispatched(call.id, call.name))
+            result = ev.ToolResult.not_dispatched(call.id, call.name)
+            self._record(state, result)
+            await self._tool_state(call, "failed", result)
         state.pending_calls.clear()
         if state.step_open:
             self._record(state, ev.StepEnd(outcome=outcome))

@@ -4,8 +4,34 @@ One ACP session is one conversation in the log (`session/new` starts a new
 one; the session id is the conversation id) with its own AgentLoop and
 AcpSurface. `session/prompt` runs one turn (source "acp"); `session/cancel`
 cancels it like a barge-in, so the log records as delivered exactly the
-`agent_message_chunk` text the client was sent. Tool calls the loop runs are
-reported as `tool_call` / `tool_call_update` by wrapping each tool.
+`agent_message_chunk` text the client was sent.
+
+What an editor gets (ACP v1):
+- `loadSession`: `session/load` tells a conversation of the log again as
+  `session/update`s (voice.service.acp_history) before it answers, then
+  takes prompts; `session/list` lists the log's conversations. An id the
+  log does not have is "resource not found" (-32002).
+- The session's `mcpServers` (stdio, and http: `mcpCapabilities.http`) are
+  started for it with the effects, cancellation and lifecycle of
+  `[mcp.servers]` (voice.agent.mcp) and closed with it; one that does not
+  start is said to the client in the session (at the end of `session/load`,
+  or before the next reply).
+- Calls that ask first (a destructive write, by `approve = "destructive"`)
+  ask through `session/request_permission`; tool calls go pending,
+  in_progress, then completed or failed (voice.surfaces.acp).
+- `promptCapabilities.embeddedContext`: embedded text resources keep their
+  URI; a `resource_link` to a file is read through the client's
+  `fs/read_text_file` when it offers it, cut to a share of the context
+  budget, and the words the model saw are what the log records. Images and
+  audio are refused with an error naming why (the model route is text).
+- Announcements (a timer) go to the session of the conversation that set
+  them; a session not open in this process finds them in the log when it is
+  loaded.
+- Stop reasons: `end_turn`, `cancelled`, `max_tokens` (the model's finish
+  reason "length"), `refusal` ("content_filter"), `max_turn_requests` (the
+  turn used all of `llm.max_steps`).
+- Every line on stdin is answered or ignored as JSON-RPC says
+  (voice.service.acp_lines): no line ends the agent.
 
 Ordering: every update of a turn is written before the prompt's response
 (sends are awaited, then the surface is drained), so a client sees all
@@ -17,101 +43,77 @@ copy of file descriptor 1, and fd 1 / sys.stdout then point at stderr.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
+import re
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import anyio
+import anyio.abc
 
 from voice.agent.loop import AgentLoop
-from voice.app import App
+from voice.agent.mcp.servers import McpServers
+from voice.agent.mcp.settings import ServerSpec
 from voice.agent.tools import ToolRegistry
-from voice.agent.tools.base import Tool, ToolContext, ToolOutcome
+from voice.app import App, mcp_servers
 from voice.errors import UsageError
 from voice.log import events as ev
-from voice.surfaces.acp import AcpSurface
+from voice.surfaces.acp import AcpSurface, tool_title
 
 log = logging.getLogger("voice.acp")
 
 _STOP_REASONS = {ev.COMPLETED: "end_turn", ev.ABORTED: "cancelled", ev.INTERRUPTED: "cancelled"}
-
-
-def prompt_text(blocks: list[Any]) -> str:
-    """The words of a prompt: text blocks, linked resources by URI, embedded
-    text resources by their text. Images and audio are not supported."""
-    parts = []
-    for b in blocks:
-        kind = getattr(b, "type", None)
-        if kind == "text":
-            parts.append(b.text)
-        elif kind == "resource_link":
-            parts.append(b.uri)
-        elif kind == "resource" and getattr(b.resource, "text", None):
-            parts.append(b.resource.text)
-    return "\n".join(p for p in parts if p)
-
-
-def _reported(tool: Tool, surface: AcpSurface) -> Tool:
-    """`tool` whose runs are reported to the client: `tool_call` before,
-    `tool_call_update` (completed/failed) after."""
-    from acp import start_tool_call, text_block, tool_content, update_tool_call
-
-    kind = "execute" if tool.name == "run_command" else ("read" if tool.effect == "read" else "other")
-
-    async def run(args: dict[str, Any], ctx: ToolContext) -> Any:
-        call_id = ctx.tool_call_id
-        await surface.update(start_tool_call(call_id, tool.name, kind=kind, status="in_progress", raw_input=args))
-        try:
-            out = await tool.run(args, ctx)
-        except BaseException as exc:  # an error, a timeout or the turn's cancel: the call did not complete
-            await surface.update(update_tool_call(call_id, status="failed",
-                                                  raw_output={"error": str(exc) or type(exc).__name__}))
-            raise
-        outcome = out if isinstance(out, ToolOutcome) else ToolOutcome(out)
-        failed = outcome.receipt is not None and outcome.receipt.state == ev.FAILED
-        shown = outcome.content if isinstance(outcome.content, str) else json.dumps(outcome.content, ensure_ascii=False)
-        await surface.update(update_tool_call(call_id, status="failed" if failed else "completed",
-                                              raw_output=outcome.content, content=[tool_content(text_block(shown))]))
-        return out
-
-    return dataclasses.replace(tool, run=run)
-
-
-def reported_tools(tools: ToolRegistry, surface: AcpSurface) -> ToolRegistry:
-    return ToolRegistry([_reported(tools.get(name), surface) for name in tools.names()])
-
-
-@dataclass
-class _Session:
-    surface: AcpSurface
-    agent: AgentLoop
-
+_FINISH_REASONS = {"length": "max_tokens", "content_filter": "refusal"}
+FILE_SHARE = 0.5  # of the conversation's token budget, the most attached files may take
+CHARS_PER_TOKEN = 3  # the estimate's rate (voice.log.window.estimate_tokens)
 
 #: ACP sessions held in memory, the most recently used (an editor opens a
 #: session per chat and never closes one: over weeks, thousands).
 KEEP_SESSIONS = 16
 
 
+class PromptRefused(Exception):
+    """A prompt block this agent cannot take; the message says why."""
+
+
+@dataclass
+class _Session:
+    surface: AcpSurface
+    agent: AgentLoop
+    servers: McpServers
+    scope: anyio.CancelScope | None = None  # its MCP servers run in it
+    pending: list[str] = field(default_factory=list)  # said to the client before the next reply
+
+    def close(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+
 class VoiceAcpAgent:
-    """The acp.Agent: initialize, session/new, session/prompt, session/cancel.
-    Methods it does not define answer "method not found".
+    """The acp.Agent: initialize, session/new, session/load, session/list,
+    session/prompt, session/cancel. Methods it does not define answer
+    "method not found".
 
     A session is a conversation in the log. Only the `KEEP_SESSIONS` most
-    recently used are held in memory (their surface and agent loop); a
-    prompt to an older one builds them again from its id: the log holds
-    all the conversation has, so nothing is lost by letting them go. (A
-    session never prompted has nothing in the log yet: it stays held.)"""
+    recently used are held in memory (their surface, agent loop and MCP
+    servers); a prompt to an older one builds them again from its id (and
+    the servers the client gave it): the log holds all the conversation
+    has, so nothing is lost by letting them go."""
 
-    def __init__(self, app: App):
+    def __init__(self, app: App, task_group: anyio.abc.TaskGroup):
         self.app = app
+        self.tg = task_group
         self.conn: Any = None
         self.sessions: dict[str, _Session] = {}
-        self.active: str | None = None  # the session timers announce to
+        self.servers_given: dict[str, list[Any]] = {}  # the client's mcpServers of each session, to rebuild it
+        self.cwds: dict[str, str] = {}
+        self.read_files = False  # the client offers fs/read_text_file
+        self.active: str | None = None  # where an announcement of no conversation goes
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -119,15 +121,21 @@ class VoiceAcpAgent:
     async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
                          **kwargs: Any):
         from acp import PROTOCOL_VERSION, InitializeResponse
-        from acp.schema import AgentCapabilities, Implementation, PromptCapabilities
+        from acp.schema import AgentCapabilities, Implementation, McpCapabilities, PromptCapabilities
 
         import voice
 
+        fs = getattr(client_capabilities, "fs", None)
+        self.read_files = bool(getattr(fs, "read_text_file", False))
         return InitializeResponse(
             protocol_version=min(protocol_version, PROTOCOL_VERSION),
-            agent_capabilities=AgentCapabilities(load_session=False, prompt_capabilities=PromptCapabilities()),
+            agent_capabilities=AgentCapabilities(
+                load_session=True, mcp_capabilities=McpCapabilities(http=True, sse=False),
+                prompt_capabilities=PromptCapabilities(embedded_context=True, image=False, audio=False)),
             agent_info=Implementation(name="voice", title="voice", version=voice.__version__),
         )
+
+    # -- sessions --------------------------------------------------------------
 
     async def new_session(self, cwd: str, additional_directories: list[str] | None = None,
                           mcp_servers: list[Any] | None = None, **kwargs: Any):
@@ -135,65 +143,228 @@ class VoiceAcpAgent:
 
         from voice.log.store import new_conversation_id
 
-        if mcp_servers:
-            log.warning("acp: MCP servers are not supported; ignoring %d", len(mcp_servers))
         conversation = new_conversation_id()
-        self._hold(conversation)
+        self.servers_given[conversation] = list(mcp_servers or [])
+        self.cwds[conversation] = cwd
+        await self._hold(conversation)
         self.active = conversation
         return NewSessionResponse(session_id=conversation)
 
-    def _hold(self, conversation: str) -> _Session:
-        """The session's surface and agent, built for it, newest last; the
-        least recently used idle ones beyond KEEP_SESSIONS are let go."""
+    async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
+                           additional_directories: list[str] | None = None, **kwargs: Any):
+        from acp import RequestError
+        from acp.schema import LoadSessionResponse
+
+        from voice.service.acp_history import history_updates
+
+        if not self._in_log(session_id) and session_id not in self.sessions:
+            raise RequestError.resource_not_found(session_id)
+        self.servers_given[session_id] = list(mcp_servers or [])
+        self.cwds[session_id] = cwd
+        old = self.sessions.pop(session_id, None)
+        if old is not None:
+            if old.agent.busy:
+                raise RequestError.invalid_request({"details": "a prompt is running in this session"})
+            old.close()  # the client's servers now are the ones it gave here
+        session = await self._hold(session_id)
+        titles = {n: tool_title(n, session.agent.tools.get(n)) for n in session.agent.tools.names()}
+        for update in history_updates(self.app.store, session_id, titles):
+            await session.surface.update(update)
+        await self._say_pending(session)
+        await session.surface.drain()
+        self.active = session_id
+        return LoadSessionResponse()
+
+    async def list_sessions(self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any):
+        from acp.schema import ListSessionsResponse, SessionInfo
+
+        from voice.log.conversations import list_conversations
+
+        infos = []
+        for c in reversed(list_conversations(self.app.store)):  # the newest first
+            if c.turns == 0:
+                continue
+            updated = datetime.fromtimestamp(c.last, timezone.utc).isoformat() if c.last else None
+            infos.append(SessionInfo(session_id=c.conversation, cwd=self.cwds.get(c.conversation, cwd or "/"),
+                                     title=(c.first_words or c.conversation)[:80], updated_at=updated))
+        return ListSessionsResponse(sessions=infos)
+
+    def _in_log(self, session_id: str) -> bool:
+        return session_id.startswith("c-") and self.app.store.first_turn(session_id) is not None
+
+    async def _hold(self, conversation: str) -> _Session:
+        """The session's surface, agent and MCP servers, built for it, newest
+        last; the least recently used idle ones beyond KEEP_SESSIONS are let
+        go (their servers closed)."""
         session = self.sessions.pop(conversation, None)
         if session is None:
-            surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config["chat"]["show_reasoning"])
-            session = _Session(surface, self.app.agent(surface, conversation, reported_tools(self.app.tools, surface)))
+            session = await self._build(conversation)
         self.sessions[conversation] = session
-        # Let go of the least recently used that the log can rebuild (idle, with a turn).
         spare = [c for c, s in self.sessions.items() if c != conversation and not s.agent.busy
-                 and self.app.store.first_turn(c) is not None]
+                 and self._in_log(c)]
         for old in spare[: max(0, len(self.sessions) - KEEP_SESSIONS)]:
-            del self.sessions[old]
+            self.sessions.pop(old).close()
         return session
 
-    def _session(self, session_id: str) -> _Session | None:
-        """A held session, or one let go that the log still has."""
-        if session_id in self.sessions:
-            return self._hold(session_id)
-        if session_id.startswith("c-") and self.app.store.first_turn(session_id) is not None:
-            return self._hold(session_id)
-        return None
+    async def _build(self, conversation: str) -> _Session:
+        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config["chat"]["show_reasoning"])
+        specs, refused = _specs(self.servers_given.get(conversation, []), taken={s.spec.name for s in
+                                                                                  self.app.mcp.servers})
+        servers = mcp_servers(specs, self.app.store, self.app.tool_env.command_env)
+        session = _Session(surface, self.app.agent(surface, conversation), servers, pending=refused)
+        if servers.servers:
+            session.scope = await self.tg.start(_run_servers, servers)
+            for server in servers.failed():
+                session.pending.append(f"the MCP server {server.spec.name!r} did not start: {server.error}; its "
+                                       f"tools are not offered (fix: {server.fix()})")
+        tools = ToolRegistry([self.app.tools.get(n) for n in self.app.tools.names()])
+        for tool in servers.tools():
+            tools.add(tool)
+        session.agent.tools = tools
+        return session
+
+    def _session(self, session_id: str) -> bool:
+        return session_id in self.sessions or self._in_log(session_id)
+
+    # -- prompts ---------------------------------------------------------------
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any):
         from acp import PromptResponse, RequestError
 
-        session = self._session(session_id)
-        if session is None:
+        if not self._session(session_id):
             raise RequestError.invalid_params({"sessionId": session_id, "details": "no such session"})
+        session = await self._hold(session_id)
         if session.agent.busy:
             raise RequestError.invalid_request({"details": "a prompt is already running in this session"})
-        text = prompt_text(prompt)
+        try:
+            text = await self._prompt_text(session, prompt)
+        except PromptRefused as exc:
+            raise RequestError.invalid_params({"details": str(exc)}) from None
         if not text.strip():
             raise RequestError.invalid_params({"details": "the prompt holds no text"})
         self.active = session_id
+        await self._say_pending(session)
         result = await session.agent.run_turn(text, source="acp")
         await session.surface.drain()  # every update of the turn precedes the response
         if result.outcome == ev.ERROR:
             raise RequestError.internal_error({"details": "the language model request failed", "turn": result.turn})
-        return PromptResponse(stop_reason=_STOP_REASONS[result.outcome])
+        return PromptResponse(stop_reason=self._stop_reason(session_id, result.turn, result.outcome))
+
+    def _stop_reason(self, conversation: str, turn: int, outcome: str) -> str:
+        if outcome != ev.COMPLETED:
+            return _STOP_REASONS[outcome]
+        events = self.app.store.events(conversation, turn=turn, types={ev.ASSISTANT_STREAM, ev.STEP_END})
+        ends = [e.body for e in events if e.type == ev.ASSISTANT_STREAM and e.body.frame == "end"]
+        finish = ends[-1].finish_reason if ends else None
+        if finish in _FINISH_REASONS:
+            return _FINISH_REASONS[finish]
+        steps = [e.body.outcome for e in events if e.type == ev.STEP_END]
+        if len(steps) >= self.app.settings.max_steps and steps[-1] == "tool_calls":
+            return "max_turn_requests"
+        return "end_turn"
+
+    async def _prompt_text(self, session: _Session, blocks: list[Any]) -> str:
+        """The words the model sees: text; embedded text resources with their
+        URI; linked files read through the client (within FILE_SHARE of the
+        budget); other links by their URI."""
+        budget = int((self.app.settings.context_tokens - self.app.settings.reply_tokens) * FILE_SHARE
+                     * CHARS_PER_TOKEN)
+        parts = []
+        for b in blocks:
+            kind = getattr(b, "type", None)
+            if kind == "text":
+                parts.append(b.text)
+            elif kind in ("image", "audio"):
+                raise PromptRefused(f"this agent cannot take {kind} content: its language model route takes text "
+                                    "only (promptCapabilities says so); send the words, or a text file")
+            elif kind == "resource":
+                text = getattr(b.resource, "text", None)
+                if text is None:
+                    raise PromptRefused(f"the embedded resource {b.resource.uri} is binary: only text resources "
+                                        "can be read")
+                shown, budget = _within(text, budget)
+                parts.append(f"[resource {b.resource.uri}]\n{shown}")
+            elif kind == "resource_link":
+                shown, budget = await self._linked(session, b, budget)
+                parts.append(shown)
+        return "\n".join(p for p in parts if p)
+
+    async def _linked(self, session: _Session, link: Any, budget: int) -> tuple[str, int]:
+        uri = link.uri
+        parsed = urlparse(uri)
+        if parsed.scheme != "file" or not self.read_files:
+            why = "the client does not offer fs/read_text_file" if parsed.scheme == "file" else "not a file"
+            return f"[linked {uri} ({why}: not read)]", budget
+        path = unquote(parsed.path)
+        try:
+            with anyio.fail_after(10):
+                response = await self.conn.read_text_file(session_id=session.surface.session_id, path=path)
+        except Exception as exc:  # the client's error (no such file, refused): the model is told, the turn goes on
+            return f"[file {path}: could not be read: {exc}]", budget
+        shown, budget = _within(response.content, budget)
+        return f"[file {path}]\n{shown}", budget
+
+    async def _say_pending(self, session: _Session) -> None:
+        while session.pending:
+            await session.surface.notice(session.pending.pop(0))
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         session = self.sessions.get(session_id)
         if session is not None:
             session.agent.cancel()
 
-    async def announce(self, text: str) -> None:
-        session = self.sessions.get(self.active or "")
+    async def announce(self, conversation: str, text: str) -> None:
+        """To the session of `conversation` (none given: the active one); a
+        session not open here finds it in the log when loaded."""
+        session = self.sessions.get(conversation or self.active or "")
         if session is None:
             print(f"voice acp: {text}", file=sys.stderr, flush=True)
         else:
             await session.surface.notice(text)
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+
+def _within(text: str, budget: int) -> tuple[str, int]:
+    """`text` cut to what is left of `budget` (characters), saying so."""
+    if len(text) <= budget:
+        return text, budget - len(text)
+    return (text[:max(0, budget)] + f"\n[cut: {len(text)} characters, only the first {max(0, budget)} fit the "
+            "context]"), 0
+
+
+def _specs(given: list[Any], taken: set[str]) -> tuple[list[ServerSpec], list[str]]:
+    """The client's mcpServers as server specs (stdio and http), and a line
+    for each that cannot be used."""
+    specs, refused, names = [], [], set(taken)
+    for server in given:
+        kind = getattr(server, "type", None) or "stdio"
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", getattr(server, "name", "") or "server")[:32] or "server"
+        if name in names:
+            refused.append(f"the MCP server {server.name!r} has the name of another server; it was not started")
+            continue
+        names.add(name)
+        if kind == "http":
+            headers = tuple((h.name, h.value) for h in server.headers or [])
+            specs.append(ServerSpec(name=name, url=server.url, given_headers=headers))
+        elif kind == "stdio" or hasattr(server, "command"):
+            env = tuple((v.name, v.value) for v in getattr(server, "env", None) or [])
+            specs.append(ServerSpec(name=name, command=server.command, args=tuple(server.args or []), env=env))
+        else:
+            refused.append(f"the MCP server {server.name!r} uses {kind}, which this agent does not support "
+                           "(stdio and http only)")
+    return specs, refused
+
+
+async def _run_servers(servers: McpServers, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    """A session's MCP servers, until its scope is cancelled (the session let
+    go) or the agent ends."""
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            await tg.start(servers.run)
+            task_status.started(scope)
 
 
 async def _protocol_streams():
@@ -218,17 +389,20 @@ async def _protocol_streams():
 def run_acp(config: dict[str, Any], db: str | None, llm_spec: str | None) -> int:
     """Serve ACP on stdin/stdout until end of input (or SIGINT/SIGTERM)."""
     import acp
+    from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
 
     from voice.app import open_app
+    from voice.service.acp_lines import LineGuard
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="voice acp: %(levelname)s %(message)s")
 
     async def main() -> None:
         async with open_app(config, db=db, llm=llm_spec, notice=lambda text: print(text, file=sys.stderr, flush=True)) as app:
-            bridge = VoiceAcpAgent(app)
-            await app.announcer.attach(bridge.announce)
             reader, writer = await _protocol_streams()
+            guard = LineGuard(reader, writer, DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
             async with anyio.create_task_group() as tg:
+                bridge = VoiceAcpAgent(app, tg)
+                await app.announcer.attach_routed(bridge.announce)
 
                 async def on_signal() -> None:
                     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -237,7 +411,11 @@ def run_acp(config: dict[str, Any], db: str | None, llm_spec: str | None) -> int
                             return
 
                 tg.start_soon(on_signal)
-                await acp.run_agent(bridge, writer, reader)  # returns at end of input
+                tg.start_soon(guard.run)
+                try:
+                    await acp.run_agent(bridge, writer, guard.reader)  # returns at end of input
+                finally:
+                    bridge.close()
                 tg.cancel_scope.cancel()
 
     anyio.run(main)

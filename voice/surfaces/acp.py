@@ -10,21 +10,38 @@ client received are therefore exactly the delivered prefix.
 Every send goes through `update()`, which also counts sends in flight, so
 the bridge can `drain()` before it answers a prompt: all output of a turn
 precedes the prompt's response.
+
+Tool calls are shown as the loop reports them (`tool_state`): `tool_call`
+pending when the model made it, then in_progress once dispatched, then
+completed or failed with `rawOutput` what the model saw of the result. A
+call that asks first asks the client (`ask_permission`:
+`session/request_permission` with allow/reject once/always).
+
+A reply that broke off (a provider error) cannot be taken back: what the
+client was sent stays. The next attempt's first chunk is preceded by a line
+saying the reply above broke off, so nothing that follows pretends to
+replace what the client can still see.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from voice.agent.approvals import DENIED, GRANTED, WITHDRAWN, Answer
 from voice.agent.surface import Delivered, UnitRef, hold_newest
 
 log = logging.getLogger("voice.acp")
 
 SEND_BOUND_S = 5.0  # a client that stops reading stdout for this long loses the piece
+BROKE_OFF = "\n\n[the reply above broke off: the language model failed; trying again]\n\n"
+# session/request_permission's options (ACP PermissionOptionKind), and what each answers.
+PERMISSION_OPTIONS = (("allow_once", "Allow once", GRANTED, False), ("allow_always", "Always allow", GRANTED, True),
+                      ("reject_once", "Reject", DENIED, False), ("reject_always", "Always reject", DENIED, True))
 # What a send raises when the client has gone (its pipe closed, the connection
 # torn down). Anything else is a bug, and is not turned into "not delivered".
 CLIENT_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
@@ -45,6 +62,7 @@ class AcpSurface:
     show_reasoning: bool = True
     tracks_playback: bool = False
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _broke_off: bool = False  # a unit with text sent was discarded: the next text says so first
     _in_flight: int = 0
     _drained: anyio.Event | None = None  # set when the last send in flight ends
 
@@ -89,6 +107,9 @@ class AcpSurface:
         unit = self._units[ref]
         if not text or unit.stopped:
             return
+        if self._broke_off:
+            self._broke_off = False
+            await self.update(update_agent_message_text(BROKE_OFF))
         if await self.update(update_agent_message_text(text)):
             unit.text_chars += len(text)
 
@@ -108,6 +129,7 @@ class AcpSurface:
         unit = self._units.get(ref)
         if unit is not None:
             unit.stopped = True
+            self._broke_off = self._broke_off or unit.text_chars > 0
 
     def delivered(self, ref: UnitRef) -> Delivered:
         unit = self._units.get(ref, _Unit())
@@ -124,3 +146,67 @@ class AcpSurface:
         from acp import update_agent_message_text
 
         await self.update(update_agent_message_text(f"\n[{text}]\n"))
+
+    # -- tool calls and permission ------------------------------------------------
+
+    async def tool_state(self, call: Any, tool: Any, status: str, result: Any = None) -> None:
+        """Where a call stands (voice.agent.loop): pending, in_progress,
+        completed or failed, with what the model saw of the result."""
+        from acp import start_tool_call, text_block, tool_content, update_tool_call
+
+        if status == "pending":
+            try:
+                args = call.arguments()
+            except ValueError:
+                args = call.arguments_json
+            await self.update(start_tool_call(call.id, tool_title(call.name, tool), kind=tool_kind(tool),
+                                              status="pending", raw_input=args))
+            return
+        if result is None:
+            await self.update(update_tool_call(call.id, status=status))
+            return
+        seen = result.content if result.status == "ok" else {"status": result.status, "error": result.error}
+        shown = seen if isinstance(seen, str) else json.dumps(seen, ensure_ascii=False)
+        await self.update(update_tool_call(call.id, status=status, raw_output=seen,
+                                           content=[tool_content(text_block(shown))]))
+
+    async def ask_permission(self, call: Any, tool: Any, args: dict[str, Any], question: str) -> Answer:
+        """session/request_permission for the call; the client's answer. A
+        `session/cancel` cancels the turn, and with it this wait (withdrawn)."""
+        from acp.schema import AllowedOutcome, PermissionOption, ToolCallUpdate
+
+        options = [PermissionOption(option_id=option, name=name, kind=option)
+                   for option, name, _, _ in PERMISSION_OPTIONS]
+        shown = ToolCallUpdate(tool_call_id=call.id, title=tool_title(call.name, tool), kind=tool_kind(tool),
+                               status="pending", raw_input=args)
+        try:
+            response = await self.conn.request_permission(session_id=self.session_id, tool_call=shown, options=options)
+        except CLIENT_GONE as exc:
+            log.warning("acp: session/request_permission failed: %s", exc)
+            return Answer(DENIED, "unavailable")
+        outcome = response.outcome
+        if isinstance(outcome, AllowedOutcome):
+            for option, _, decision, always in PERMISSION_OPTIONS:
+                if outcome.option_id == option:
+                    return Answer(decision, "acp", option, always)
+            return Answer(DENIED, "acp", f"unknown option {outcome.option_id!r}")
+        return Answer(WITHDRAWN, "acp", "cancelled")
+
+
+def tool_title(name: str, tool: Any) -> str:
+    """A title a person can read: an MCP tool's own ("Turn off (home)"),
+    else its name in words ("Set timer")."""
+    title = getattr(tool, "title", "") or ""
+    source = getattr(tool, "source", "") or ""
+    if title:
+        return f"{title} ({source})" if source else title
+    words = name.split("__", 1)[-1].replace("_", " ").strip()
+    return words[:1].upper() + words[1:]
+
+
+def tool_kind(tool: Any) -> str:
+    if tool is None:
+        return "other"
+    if tool.name == "run_command":
+        return "execute"
+    return "read" if tool.effect == "read" else "other"

@@ -31,6 +31,7 @@ class ServerSpec:
     cwd: str = ""
     url: str = ""  # Streamable HTTP
     headers: tuple[tuple[str, str], ...] = ()  # (header, the environment variable holding its value)
+    given_headers: tuple[tuple[str, str], ...] = ()  # (header, value): an editor's (ACP), never logged
     allow: tuple[str, ...] = ()  # offer only these tools (empty: all)
     deny: tuple[str, ...] = ()  # never offer these
     trust_annotations: bool = False  # the server's readOnly/destructive/idempotent hints are believed
@@ -49,7 +50,7 @@ class ServerSpec:
 
     def header_values(self, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         """The headers to send, and the variables that are not set."""
-        values, missing = {}, []
+        values, missing = dict(self.given_headers), []
         for header, variable in self.headers:
             if variable in environ:
                 values[header] = environ[variable]

@@ -136,7 +136,8 @@ class TimerService:
         self.store.record(timer.conversation, ev.TimerFired(timer_id=timer.timer_id, late=late, at_wall=self.clock(),
                                                             text=text))
         self._timers().pop(timer.timer_id, None)
-        await self.announce(text)
+        to = getattr(self.announce, "to", None)  # an announcer that routes by conversation (ACP sessions)
+        await (to(timer.conversation, text) if to is not None else self.announce(text))
 
 
 def _service(ctx: ToolContext) -> TimerService:
