@@ -71,7 +71,7 @@ def test_turn_off_the_kitchen_light_through_home_assistant_asks_first_then_does_
                   "--llm", script(tmp_path, TURN_OFF_KITCHEN), stdin="turn off the kitchen light\nyes\n")
         assert r.returncode == 0, r.stderr
         calls = events(journal, "done")
-    assert "[Should I use Hass Turn Off on home, with name Kitchen light? Say yes or no.]" in r.stdout
+    assert "[Should I use HassTurnOff on home, with name Kitchen light? Say yes or no.]" in r.stdout
     assert "assistant: The kitchen light is off." in r.stdout
     assert [(c["tool"], c["label"]) for c in calls] == [("HassTurnOff", "Kitchen light")]
     # Home Assistant sends no annotations: a destructive write, asked about, with a receipt.

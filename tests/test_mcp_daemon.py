@@ -44,7 +44,7 @@ def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_d
         d.pump(lambda: any(e.type == ev.APPROVAL_REQUESTED for e in d.events()), timeout=90)
         approved = voice(tmp_path, "ctl", "approve")
         assert approved.returncode == 0, approved.stderr
-        assert approved.stdout == "granted: Should I use unlock door on chaos, with door front? Say yes or no.\n"
+        assert approved.stdout == "granted: Should I use unlock_door on chaos, with door front? Say yes or no.\n"
         d.pump(lambda: any(e.type == ev.TURN_END for e in d.events()))
         assert [e["label"] for e in events(journal, "done")] == ["front"]
         # A typed turn asks about the back door: denied from the terminal while `ctl say` waits.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,8 +121,8 @@ def test_a_question_left_unanswered_by_a_crash_is_asked_again_and_needs_a_new_ye
     # The next start asks again before anything else; "no" declines it: never dispatched.
     declined = killpoints.run(chat(tmp_path, config, 2, None), env=env, out=tmp_path / "run2", stdin="no\n")
     assert declined["rc"] == 0, declined["stderr"]
-    assert "Before I stopped, I was asking you this. Should I use unlock door on chaos, with door front?" \
-        in declined["stdout"]
+    assert re.search(r"Before I stopped, \d+ seconds ago, I was asking you this\. Should I use unlock_door on chaos, "
+                     r"with door front\?", declined["stdout"]), declined["stdout"]
     assert not events(journal, "start")
     # Asked once, answered once: a third start asks nothing.
     quiet = killpoints.run(chat(tmp_path, config, 3, "back"), env=env, out=tmp_path / "run3",

@@ -308,10 +308,14 @@ async def test_a_destructive_call_waits_for_yes_and_no_declines_without_dispatch
         granted_at = {e.body.approval_id: e.seq for e in rows(app.store, ev.APPROVAL_ANSWERED)
                       if e.body.decision == "granted"}
     assert [a.question for a in asked] == [
-        f"Should I use unlock door on chaos, with door {d}? Say yes or no." for d in ("front", "back", "side")]
-    assert "[Should I use unlock door on chaos, with door front? Say yes or no.]" in out.getvalue()
+        f"Should I use unlock_door on chaos, with door {d}? Say yes or no." for d in ("front", "back", "side")]
+    assert "[Should I use unlock_door on chaos, with door front? Say yes or no.]" in out.getvalue()
     assert [(a.decision, a.how, a.words) for a in answered] == [
-        ("granted", "text", "yes"), ("denied", "text", "no, leave it"), ("denied", "text", "")]
+        ("granted", "text", "yes"), ("denied", "text", "no, leave it"), ("denied", "ended", "")]
+    # Each answer is said back: how it was taken.
+    assert out.getvalue().count("[Okay, doing it.]") == 1
+    assert "[Okay, I didn't do it.]" in out.getvalue()
+    assert "[No answer (the input ended), so I didn't do it.]" in out.getvalue()
     assert [r.status for r in results] == ["ok", ev.DECLINED, ev.DECLINED]
     assert "they said: 'no, leave it'" in results[1].error
     # Only the granted call was dispatched, after its grant was on the log.
@@ -337,7 +341,7 @@ async def test_yes_always_is_remembered_per_server_and_tool_and_can_be_revoked(t
     assert answers.asked == 2
     assert [e["label"] for e in events(journal, "start")] == ["a", "b"]
     grants = json.loads((tmp_path / "cfg" / "voice" / "grants.json").read_text())
-    assert grants == {"always": [["chaos", "chaos__unlock_door"]]}
+    assert grants == {"always": [["chaos", "unlock_door"]]}  # the server's own name of the tool
 
 
 async def test_a_stop_while_a_question_waits_withdraws_it_and_nothing_is_dispatched(tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ def of(log: list[ev.Event], type_: str) -> list:
     return [e for e in log if e.type == type_]
 
 
-QUESTION = "Should I use home unlock door, with door front? Say yes or no."
+QUESTION = "Should I use home__unlock_door, with door front? Say yes or no."
 
 
 @pytest.mark.parametrize("name", ["approval_yes", "approval_wake"])

@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 
 from voice.agent.approvals import Approvals, Grants
-from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
+from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv, history_budget
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
 from voice.agent.providers import Provider, open_provider
@@ -50,7 +50,7 @@ from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
 from voice.log.events import LateOutput
 from voice.log.store import EventStore
-from voice.log.window import scaled_estimate
+from voice.log.window import MIN_HISTORY_TOKENS, scaled_estimate
 from voice.paths import config_dir
 from voice.paths import data_dir as default_data_dir
 from voice.paths import default_db
@@ -223,15 +223,21 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
                           command_env=command_environment(config))
             app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config),
                       mcp_servers(server_specs(config), store, env.command_env) if mcp else McpServers([]))
+            env.services["mcp"] = app.mcp  # (status: each server's state)
             async with anyio.create_task_group() as tg:
                 await tg.start(app.mcp.run)
                 for tool in app.mcp.tools():  # in a fixed order: the request's prefix stays the same
                     app.tools.add(tool)
+                for line in app.mcp.notices():
+                    notice(line)
                 for server in app.mcp.failed():
-                    notice(f"mcp: the server {server.spec.name!r} did not start: {server.error}; its tools are not "
-                           f"offered (fix: {server.fix()})")
                     await announcer(f"The tools of {server.spec.name} could not be started.")
                 await token_counter(provider, app.settings, app.tools.schemas())
+                left = history_budget(app.settings, app.tools.schemas())
+                if app.mcp.servers and left < MIN_HISTORY_TOKENS:
+                    notice(f"mcp: the tool schemas leave {left} tokens of llm.context_tokens = "
+                           f"{app.settings.context_tokens} for the conversation: offer fewer tools "
+                           "(mcp.servers.NAME.allow or deny), or raise llm.context_tokens")
                 if recovery:
                     report = await recover(store, app.tools, env)
                     if report.closed_turns or report.unknown_writes:

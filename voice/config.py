@@ -139,6 +139,11 @@ def _secret(key: str) -> bool:
     return len(parts) == 5 and parts[:2] == ["mcp", "servers"] and parts[3] == "env"
 
 
+def _mcp_url(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) == 4 and parts[:2] == ["mcp", "servers"] and parts[3] == "url"
+
+
 def show(config: dict[str, Any], sources: dict[str, str]) -> str:
     """The effective config as TOML-ish lines, each with where it came from."""
     lines: list[str] = []
@@ -152,7 +157,12 @@ def show(config: dict[str, Any], sources: dict[str, str]) -> str:
                 shown = json.dumps(v, ensure_ascii=False)  # TOML-compatible for strings, numbers, booleans, lists
                 if _secret(name):
                     shown = '"(set; not shown)"'
-                lines.append(f"{k} = {shown}  # {sources.get(name, 'default')}")
+                elif _mcp_url(name) and "?" in v:
+                    shown = json.dumps(v.split("?", 1)[0] + "?(query not shown)")
+                # The entries of an open table (a server's table) came from where the table did.
+                where = sources.get(name) or sources.get(name.rsplit(".", 1)[0]) or sources.get(
+                    ".".join(name.split(".")[:3]), "default")
+                lines.append(f"{k} = {shown}  # {where}")
             lines.append("")
         for k, v in table.items():
             if isinstance(v, dict):

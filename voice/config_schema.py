@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from urllib.parse import urlsplit
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +137,7 @@ def validate(config: dict[str, Any], sources: dict[str, str]) -> None:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+_SERVER_NAME = re.compile(r"(?!.*__)[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # no "__": it separates server and tool
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 
@@ -172,7 +173,10 @@ MCP_SERVER_KEYS: dict[str, Rule] = {
     "max_result_chars": Rule("an integer from 200 to 1000000",
                              lambda v: isinstance(v, int) and not isinstance(v, bool) and 200 <= v <= 1000000),
     "enabled": Rule("true/false", lambda v: isinstance(v, bool)),
+    "start_timeout_s": Rule("a number above 0 and at most 600",
+                            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 600),
 }
+_SECRET_KEYS = ("env",)  # their values may hold tokens: an error names the keys only
 
 
 def check_mcp_servers(config: dict[str, Any], sources: dict[str, str]) -> None:
@@ -183,20 +187,29 @@ def check_mcp_servers(config: dict[str, Any], sources: dict[str, str]) -> None:
         where = sources.get(f"mcp.servers.{name}", "default")
         if not _SERVER_NAME.fullmatch(name):
             raise UsageError(f"{where}: [mcp.servers.{name}]: a server's name must be 1 to 32 letters, digits, "
-                             "_ or - (it prefixes its tools' names)")
+                             "_ or -, starting with a letter or digit, without \"__\" (it prefixes its tools' names)")
         for key, value in table.items():
             rule = MCP_SERVER_KEYS.get(key)
+            shown = _shown(value) if key not in _SECRET_KEYS and not isinstance(value, dict) else (
+                "{" + ", ".join(f"{k} = ..." for k in value) + "}" if isinstance(value, dict) else "...")
             if rule is None:
-                raise UsageError(f"{where}: unknown key 'mcp.servers.{name}.{key}' (= {_shown(value)}); allowed: "
+                raise UsageError(f"{where}: unknown key 'mcp.servers.{name}.{key}' (= {shown}); allowed: "
                                  + ", ".join(MCP_SERVER_KEYS))
             if not rule.ok(value):
-                raise UsageError(f"{where}: mcp.servers.{name}.{key} = {_shown(value)} must be {rule.allowed}")
-        if bool(table.get("command")) == bool(table.get("url")):
+                raise UsageError(f"{where}: mcp.servers.{name}.{key} = {shown} must be {rule.allowed}")
+        command, url = str(table.get("command", "")).strip(), table.get("url")
+        if bool(command) == bool(url):
             raise UsageError(f"{where}: [mcp.servers.{name}] needs exactly one of command (a stdio server) or url "
                              "(a Streamable HTTP server)")
-        if table.get("url") and (table.get("args") or table.get("env") or table.get("cwd")):
+        if url and (table.get("args") or table.get("env") or table.get("cwd")):
             raise UsageError(f"{where}: [mcp.servers.{name}] has a url: args, env and cwd are for a stdio server "
                              "(command); remove them")
+        if command and table.get("headers"):
+            raise UsageError(f"{where}: [mcp.servers.{name}] has a command: headers are for a Streamable HTTP "
+                             "server (url); remove them")
+        if url and (urlsplit(url).username or urlsplit(url).password):
+            raise UsageError(f"{where}: mcp.servers.{name}.url holds a user name or password: put the credentials "
+                             "in an environment variable and name it in headers (e.g. Authorization)")
 
 
 def _cross_keys(config: dict[str, Any], sources: dict[str, str]) -> None:

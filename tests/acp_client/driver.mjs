@@ -444,7 +444,7 @@ function buildClient() {
         rec.policy = "(turn cancelled)";
         rec.outcome = { outcome: "cancelled" };
         rec.answeredAt = now();
-        rec.answeredBecause = "the turn was already cancelled";
+        rec.answeredBecause = "session/cancel (sent before this request reached the handler)";
         return { outcome: { outcome: "cancelled" } };
       }
       const policy = nextPolicy();
@@ -754,16 +754,16 @@ const STEPS = {
     const expect = step.expectResponse ?? true;
     const waitMs = step.waitMs ?? (expect ? 3000 : 500);
     const from = out.messages.length;
-    record("out", "raw", line);
+    const sent = record("out", "raw", line);
     rec.sentIndex = from;
     await new Promise((resolve) => {
       if (!child.stdin.writable) {
-        rec.writeError = "the agent's stdin is closed";
+        rec.writeError = sent.unsent = "the agent's stdin is closed";
         resolve();
         return;
       }
       child.stdin.write(line + (step.newline === false ? "" : "\n"), (err) => {
-        if (err) rec.writeError = String(err.message || err);
+        if (err) rec.writeError = sent.unsent = String(err.message || err);
         resolve();
       });
     });
@@ -773,6 +773,7 @@ const STEPS = {
       response = await new Promise((resolve) => {
         const found = out.messages.slice(from).find(isAnswer);
         if (found) return resolve(found);
+        if (exitInfo) return resolve(null);
         const timer = setTimeout(() => finish(null), waitMs);
         const onIn = (m) => isAnswer(m) && finish(m);
         const onExit = () => finish(null);
@@ -812,11 +813,15 @@ const STEPS = {
     while (matches() < count) {
       if (exitInfo) throw new Error("the agent exited");
       await new Promise((r) => {
-        const t = setTimeout(r, 50);
-        bus.once("in", () => {
+        const wake = () => {
           clearTimeout(t);
+          bus.off("in", wake);
+          bus.off("exit", wake);
           r();
-        });
+        };
+        const t = setTimeout(wake, 50);
+        bus.on("in", wake);
+        bus.on("exit", wake);
       });
     }
     rec.index = out.messages.length - 1;
@@ -845,26 +850,44 @@ const STEPS = {
 // ---------------------------------------------------------------------------
 // Main.
 
-async function finish(reason) {
+function groupAlive() {
+  try {
+    process.kill(-child.pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+// At the end: stdin closed, then SIGTERM, then SIGKILL; `quick` (a signal or
+// the total timeout) shortens the waits. The agent runs in its own process
+// group; whatever of it is left then (its own children) is killed, and said.
+async function finish(reason, quick = false) {
   if (finished) return;
   finished = true;
   try {
-    if (child && !exitInfo) {
-      const grace = plan?.exitTimeoutMs ?? 5000;
+    if (child && child.pid && !exitInfo) {
+      const grace = quick ? 300 : plan?.exitTimeoutMs ?? 5000;
       if (child.stdin.writable) child.stdin.end();
       let how = "stdin closed";
       const t = await Promise.race([exited.then(() => "exited"), sleep(grace).then(() => "timeout")]);
       if (t === "timeout") {
         how = "SIGTERM";
         child.kill("SIGTERM");
-        const t2 = await Promise.race([exited.then(() => "exited"), sleep(2000).then(() => "timeout")]);
+        const t2 = await Promise.race([exited.then(() => "exited"), sleep(quick ? 700 : 2000).then(() => "timeout")]);
         if (t2 === "timeout") {
           how = "SIGKILL";
           child.kill("SIGKILL");
-          await Promise.race([exited, sleep(2000)]);
+          await Promise.race([exited, sleep(1000)]);
         }
       }
       if (exitInfo) exitInfo.how = exitInfo.how || `at the end (${how})`;
+    }
+    if (child && child.pid && groupAlive()) {
+      out.oddities.push({ t: now(), where: "agent process group", note: "processes of the agent's group were still running at the end; killed (SIGKILL)" });
+      try {
+        process.kill(-child.pid, "SIGKILL");
+      } catch {}
     }
   } catch (err) {
     driverError("finish", err);
@@ -891,7 +914,7 @@ async function finish(reason) {
 
 process.on("uncaughtException", (err) => driverError("uncaughtException", err));
 process.on("unhandledRejection", (err) => driverError("unhandledRejection", err));
-for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"]) process.on(sig, () => void finish(`driver got ${sig}`));
+for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"]) process.on(sig, () => void finish(`driver got ${sig}`, true));
 
 try {
   plan = JSON.parse(fs.readFileSync(planPath, "utf8"));
@@ -903,7 +926,7 @@ stepTimeoutMs = plan.stepTimeoutMs ?? 20000;
 if (plan.permission !== undefined) permissionQueue = [].concat(plan.permission);
 const totalTimer = setTimeout(() => {
   driverError("total", `the plan did not finish within ${plan.totalTimeoutMs ?? 120000} ms`);
-  void finish("total timeout");
+  void finish("total timeout", true);
 }, plan.totalTimeoutMs ?? 120000);
 totalTimer.unref?.();
 
@@ -913,6 +936,7 @@ try {
     cwd: plan.cwd || process.cwd(),
     env: plan.env || process.env,
     stdio: ["pipe", "pipe", "pipe"],
+    detached: true, // its own process group, killed as a whole at the end
   });
 } catch (err) {
   driverError("spawn", err);

@@ -14,11 +14,17 @@ server, and the arguments that matter) and waits here for the answer:
   words, so "no, the other one" can be acted on);
 - `voice ctl approve|deny` from a terminal (`answer`);
 - a barge-in, `session/cancel` or a shutdown withdraws it (the turn's cancel
-  scope ends the wait): never granted, never denied.
+  scope ends the wait): never granted, never denied;
+- an editor's own dialog (ACP `session/request_permission`, through the
+  surface's `ask_permission`).
+
+The person is then told how the answer was taken (`answer_notice`).
 
 Then `approval/answered` (durable) says which, how and with what words. A
 pending approval that a crash left without an answer is asked again after
-the restart (`unanswered`), never dispatched without a new yes.
+the restart (`unanswered`), in its own conversation, and only within the
+conversation's idle gap (older ones are withdrawn, `expired`); never
+dispatched without a new yes.
 
 "Always" grants are keyed by server and tool, kept in the config folder
 (`grants.json`), listed by `voice doctor` and `voice grants`, revoked with
@@ -30,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,14 +54,13 @@ _YES = {"yes", "yeah", "yep", "yup", "sure", "go ahead", "do it", "ok", "okay", 
 _ALWAYS = {"always", "yes always", "always allow", "allow always", "yes always allow", "always do it",
            "yes and always", "yes from now on", "always yes"}
 _FILLERS = {"please", "um", "uh", "oh", "well", "so", "hey", "thanks", "thank", "you", "nabu"}
-_SHOWN_ARGUMENTS = 3  # arguments said in a question, the first ones
-_ARGUMENT_CHARS = 60
+_ARGUMENT_CHARS = 60  # of each argument's value, in a question
 
 
 @dataclass(frozen=True)
 class Answer:
     decision: str  # granted | denied | withdrawn
-    how: str  # voice | text | ctl | always (a remembered grant) | timeout | unavailable | stopped
+    how: str  # voice | text | ctl | acp | always (a remembered grant) | timeout | ended | unavailable | stopped
     words: str = ""
     always: bool = False
 
@@ -71,18 +77,51 @@ def interpret(words: str) -> tuple[str, bool]:
 
 
 def approval_question(title: str, server: str, arguments: dict[str, Any]) -> str:
-    """One short sentence made from the call: "Should I use Hass Turn Off on
-    home, with name: Front door? Say yes or no." """
-    readable = re.sub(r"(?<=[a-z])(?=[A-Z])|_+", " ", title).strip()
-    shown = []
-    for key, value in list(arguments.items())[:_SHOWN_ARGUMENTS]:
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        if len(text) > _ARGUMENT_CHARS:
-            text = text[:_ARGUMENT_CHARS] + "..."
-        shown.append(f"{key.replace('_', ' ')} {text}")
-    where = f" on {server}" if server else ""
+    """One short sentence made from the call, every argument in it (none
+    hidden; control characters escaped, so an argument cannot draw another
+    question over this one): "Should I use HassTurnOff on home, with name
+    Front door? Say yes or no." """
+    readable = _printable(title, 80)
+    shown = [f"{_printable(key.replace('_', ' '), 40)} "
+             f"{_printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), _ARGUMENT_CHARS)}"
+             for key, value in arguments.items()]
+    where = f" on {_printable(server, 40)}" if server else ""
     with_ = (", with " + ", ".join(shown)) if shown else ""
     return f"Should I use {readable}{where}{with_}? Say yes or no."
+
+
+def _printable(text: str, limit: int) -> str:
+    """`text` with control characters escaped (as JSON writes them), cut to `limit`."""
+    escaped = "".join(json.dumps(ch)[1:-1] if not ch.isprintable() else ch for ch in text)
+    return escaped if len(escaped) <= limit else escaped[:limit] + "..."
+
+
+def answer_notice(answer: Answer, server: str, tool: str) -> str:
+    """What the person is told of how their answer was taken."""
+    if answer.how in ("always", "unavailable", "acp"):
+        return ""  # nothing was asked here, or the client showed its own dialog
+    if answer.decision == GRANTED:
+        return (f"Okay, doing it, and from now on without asking (voice grants revoke {server} {tool} undoes that)."
+                if answer.always else "Okay, doing it.")
+    if answer.how == "timeout":
+        return "No answer, so I didn't do it."
+    if answer.how == "ended":
+        return "No answer (the input ended), so I didn't do it."
+    return "Okay, I didn't do it."
+
+
+def ago(seconds: float) -> str:
+    """'3 minutes ago', for a question asked again."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{round(seconds)} seconds ago"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} minutes ago"
+    return f"{round(seconds / 3600)} hours ago"
+
+
+class GrantsError(Exception):
+    """The grants file cannot be read or written; the message names it and the fix."""
 
 
 @dataclass
@@ -94,14 +133,17 @@ class Grants:
     path: Path = field(default_factory=lambda: config_dir() / "grants.json")
 
     def _read(self) -> dict[str, list[tuple[str, str]]]:
+        """Raises GrantsError for a file that exists and cannot be read as
+        grants: it is never written over (the grants in it stay)."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             data = {}
-        except (OSError, ValueError):
-            data = {}  # an unreadable file grants nothing: the person is asked again
+        except (OSError, ValueError) as exc:
+            raise GrantsError(f"{self.path} cannot be read ({getattr(exc, 'strerror', None) or exc}): fix or remove "
+                              "it; until then every call that asks first asks each time") from None
         if not isinstance(data, dict):
-            data = {}
+            raise GrantsError(f"{self.path} is not a grants file (a JSON object): fix or remove it")
         return {kind: sorted({(p[0], p[1]) for p in data.get(kind, []) if isinstance(p, list) and len(p) == 2
                               and all(isinstance(x, str) for x in p)})
                 for kind in ("always", "never")}
@@ -130,11 +172,17 @@ class Grants:
         return True
 
     def _write(self, data: dict[str, list[tuple[str, str]]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({kind: [list(p) for p in pairs] for kind, pairs in data.items() if pairs},
-                                  indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)  # never half a file
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({kind: [list(p) for p in pairs] for kind, pairs in data.items() if pairs},
+                                      indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, self.path)  # never half a file
+        except OSError as exc:
+            if tmp.is_file():
+                tmp.unlink()
+            raise GrantsError(f"{self.path} cannot be written ({exc.strerror or exc}): check that it is a file you "
+                              "can write") from None
 
 
 @dataclass
@@ -184,9 +232,14 @@ class Approvals:
         return pending.answer or Answer(DENIED, "timeout")
 
 
-def unanswered(store: EventStore) -> list[tuple[ev.Event, ev.ApprovalRequested]]:
-    """Approvals asked and never answered (the process died while one was
-    pending), oldest first: they are asked again, never dispatched."""
+def unanswered(store: EventStore, conversation: str, *, expire_s: float,
+               now: float | None = None) -> list[tuple[ev.Event, ev.ApprovalRequested]]:
+    """Questions of `conversation` asked and never answered (the process
+    died while one was pending), oldest first: they are asked again, never
+    dispatched. One asked more than `expire_s` ago (any conversation's) is
+    withdrawn here instead (`how` expired): an old question out of the blue
+    would take the person's next words for an answer."""
+    now = time.time() if now is None else now
     asked: dict[tuple[str, str], tuple[ev.Event, ev.ApprovalRequested]] = {}
     for e in store.events(None, types={ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED}):
         body = e.body
@@ -194,4 +247,11 @@ def unanswered(store: EventStore) -> list[tuple[ev.Event, ev.ApprovalRequested]]
             asked[(e.conversation, body.approval_id)] = (e, body)
         elif isinstance(body, ev.ApprovalAnswered):
             asked.pop((e.conversation, body.approval_id), None)
-    return list(asked.values())
+    out = []
+    for e, body in asked.values():
+        if now - e.at_wall > expire_s:
+            store.record(e.conversation, ev.ApprovalAnswered(approval_id=body.approval_id, decision=WITHDRAWN,
+                                                             how="expired"), turn=e.turn, step=e.step, attempt=e.attempt)
+        elif e.conversation == conversation:
+            out.append((e, body))
+    return out

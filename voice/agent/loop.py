@@ -20,6 +20,7 @@ closed `interrupted` instead of `aborted`.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import anyio
 
-from voice.agent.approvals import DENIED, GRANTED, WITHDRAWN, Answer, Approvals, Pending, approval_question
+from voice.agent.approvals import (DENIED, GRANTED, WITHDRAWN, Answer, Approvals, GrantsError, Pending,
+                                   ago, answer_notice, approval_question)
 from voice.agent.effects import effects, reconcile_one
 from voice.agent.preempt import EarlyStart
 from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
@@ -101,6 +103,7 @@ class _TurnState:
     shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
     early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
     asked_again: ev.ApprovalRequested | None = None  # a question a restart left unanswered (voice.agent.approvals)
+    asked_again_ago: str = ""  # how long ago it was first asked, in words
 
 
 @dataclass(frozen=True)
@@ -339,6 +342,7 @@ class AgentLoop:
                                                 tool_calls=[call.to_openai()]))
         for e in self.store.events(None, types={ev.APPROVAL_REQUESTED}):
             if isinstance(e.body, ev.ApprovalRequested) and e.body.approval_id == asked.approval_id:
+                state.asked_again_ago = ago(time.time() - e.at_wall)
                 self.store.record(e.conversation, ev.ApprovalAnswered(
                     approval_id=asked.approval_id, decision=WITHDRAWN, how="restart"), turn=e.turn, step=e.step,
                     attempt=e.attempt)
@@ -535,47 +539,62 @@ class AgentLoop:
     async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool,
                        args: dict[str, Any]) -> ev.ToolResult | None:
         """Ask the person before dispatching (voice.agent.approvals): None
-        once a grant is recorded, else the `declined` result. A cancel (a
-        barge-in, a stop, a shutdown) withdraws the question."""
+        once a grant is recorded, else the result that says why not. A
+        cancel (a barge-in, a stop, a shutdown) withdraws the question."""
+        why_not = tool.unavailable() if tool.unavailable is not None else None
+        if why_not:  # nothing to ask about: it could not be sent anyway
+            return ev.ToolResult.failed(call.id, call.name, why_not)
         approvals: Approvals | None = self.tool_env.services.get("approvals")
+        origin = tool.origin or call.name
         question = approval_question(tool.title or call.name, tool.source, args)
         again = state.asked_again.approval_id if state.asked_again is not None and state.step == 0 else UNSET
         if again is not UNSET:
-            question = "Before I stopped, I was asking you this. " + question
+            question = f"Before I stopped, {state.asked_again_ago}, I was asking you this. " + question
         self._record(state, ev.ApprovalRequested(approval_id=call.id, tool=call.name, server=tool.source,
                                                  title=tool.title, arguments=args, question=question,
                                                  asked_again=again))
-        ask_client = getattr(self.surface, "ask_permission", None)  # a client with its own dialog (ACP)
-        if approvals is not None and approvals.grants.allows(tool.source, call.name):
-            answer = Answer(GRANTED, "always")
-        elif approvals is not None and approvals.grants.refuses(tool.source, call.name):
-            answer = Answer(DENIED, "always")
-        elif ask_client is not None:
-            try:
-                answer = await ask_client(call, tool, args, question)
-            except anyio.get_cancelled_exc_class():
-                self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=WITHDRAWN, how="stopped"))
-                raise
-        elif approvals is None or not getattr(self.surface, "answers_questions", False):
-            answer = Answer(DENIED, "unavailable")
-        else:
-            pending = Pending(call.id, self.conversation, state.turn, question)
-            self.waiting_for_person = True
-            try:
-                await self.surface.notice(question)
-                answer = await self._wait_answer(approvals, pending)
-            except anyio.get_cancelled_exc_class():
-                self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=WITHDRAWN, how="stopped"))
-                raise
-            finally:
-                self.waiting_for_person = False
+        try:
+            answer = await self._answer(state, call, tool, args, question, approvals, origin)
+        except anyio.get_cancelled_exc_class():
+            self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=WITHDRAWN, how="stopped"))
+            raise
         self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=answer.decision, how=answer.how,
                                                 words=answer.words, always=answer.always))
+        said = answer_notice(answer, tool.source, origin)
         if answer.always and approvals is not None and answer.how != "always":
-            approvals.grants.add(tool.source, call.name, allow=answer.decision == GRANTED)
+            try:
+                approvals.grants.add(tool.source, origin, allow=answer.decision == GRANTED)
+            except GrantsError as exc:  # the answer still counts, once
+                said = f"I couldn't remember that for next time: {exc}"
+        if said and getattr(self.surface, "answers_questions", False):
+            await self.surface.notice(said)
         if answer.decision == GRANTED:
             return None
         return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)
+
+    async def _answer(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any], question: str,
+                      approvals: Approvals | None, origin: str) -> Answer:
+        """The person's answer: a remembered one, the client's own dialog
+        (ACP), or their next words after the question."""
+        try:
+            if approvals is not None and approvals.grants.allows(tool.source, origin):
+                return Answer(GRANTED, "always")
+            if approvals is not None and approvals.grants.refuses(tool.source, origin):
+                return Answer(DENIED, "always")
+        except GrantsError:
+            pass  # an unreadable grants file grants nothing: the person is asked
+        ask_client = getattr(self.surface, "ask_permission", None)
+        if ask_client is not None:
+            return await ask_client(call, tool, args, question)
+        if approvals is None or not getattr(self.surface, "answers_questions", False):
+            return Answer(DENIED, "unavailable")
+        pending = Pending(call.id, self.conversation, state.turn, question)
+        self.waiting_for_person = True
+        try:
+            await self.surface.notice(question)
+            return await self._wait_answer(approvals, pending)
+        finally:
+            self.waiting_for_person = False
 
     async def _wait_answer(self, approvals: Approvals, pending: Pending) -> Answer:
         """A spoken answer is routed to `approvals` by the voice session; a
@@ -586,7 +605,8 @@ class AgentLoop:
         async with anyio.create_task_group() as tg:
             async def typed() -> None:
                 words = await read()  # None: the input ended, which declines
-                approvals.answer(words, how="text", conversation=pending.conversation)
+                approvals.answer(words, how="text" if words is not None else "ended",
+                                 conversation=pending.conversation)
 
             tg.start_soon(typed)
             answer = await approvals.wait(pending)

@@ -31,6 +31,10 @@ TokenCounter = Callable[[str], int]
 MESSAGE_OVERHEAD = 4
 _BATCH = 16  # turns read per query, newest first
 
+# The least a request should leave for the conversation: a summary and about two everyday
+# exchanges (voice doctor and the start-up check warn below it).
+MIN_HISTORY_TOKENS = 300
+
 
 def estimate_tokens(text: str) -> int:
     """Tokens of `text` without a tokenizer: one per 3 characters, rounded

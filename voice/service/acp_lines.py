@@ -19,12 +19,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("voice.acp")
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+
+
+def parsed(line: bytes) -> dict[str, Any] | None:
+    """The line's JSON-RPC object, or None when it is not one (`checked` says why)."""
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return message if isinstance(message, dict) and checked(line) is None else None
 
 
 def checked(line: bytes) -> dict[str, Any] | None:
@@ -62,11 +72,19 @@ def _error(msg_id: Any, code: int, message: str, details: str) -> dict[str, Any]
 class LineGuard:
     """`reader` is what the library reads: only JSON-RPC objects from
     `source`; `run()` (in the bridge's task group) answers every other line
-    on `writer`, until `source` ends (then `reader` ends too)."""
+    on `writer`, until `source` ends (then `reader` ends too).
 
-    def __init__(self, source: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int):
+    Protocol-level notifications (`$/...`), which the library does not
+    route, stop here: `$/cancel_request` for a running `session/prompt`
+    cancels its session's turn (`cancel_session`), as session/cancel does;
+    others are ignored, as JSON-RPC allows."""
+
+    def __init__(self, source: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int,
+                 cancel_session: Callable[[str], Awaitable[None]] | None = None):
         self.source, self.writer = source, writer
         self.reader = asyncio.StreamReader(limit=limit)
+        self.cancel_session = cancel_session
+        self._prompts: dict[Any, str] = {}  # request id of a session/prompt -> its session (the newest few)
 
     async def run(self) -> None:
         try:
@@ -75,14 +93,30 @@ class LineGuard:
                     continue
                 error = checked(line)
                 if error is None:
+                    message = parsed(line) or {}
+                    method = message.get("method")
+                    if isinstance(method, str) and method.startswith("$/") and "id" not in message:
+                        await self._protocol_level(method, message.get("params"))
+                        continue
+                    if method == "session/prompt" and isinstance(message.get("params"), dict):
+                        self._prompts[message.get("id")] = message["params"].get("sessionId")
+                        while len(self._prompts) > 64:
+                            del self._prompts[next(iter(self._prompts))]
                     self.reader.feed_data(line if line.endswith(b"\n") else line + b"\n")
                     continue
                 log.warning("acp: answered a line that is not a JSON-RPC message: %s",
                             error["error"]["data"]["details"])
-                self.writer.write((json.dumps(error) + "\n").encode())
+                self.writer.write((json.dumps(error, separators=(",", ":")) + "\n").encode())
                 await self.writer.drain()
         finally:
             self.reader.feed_eof()
+
+    async def _protocol_level(self, method: str, params: Any) -> None:
+        if method != "$/cancel_request" or self.cancel_session is None or not isinstance(params, dict):
+            return
+        session = self._prompts.get(params.get("requestId"))
+        if isinstance(session, str):
+            await self.cancel_session(session)
 
     async def _next_line(self) -> bytes:
         """The next line, however long (b"" at the end of input)."""

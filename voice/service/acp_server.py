@@ -157,8 +157,8 @@ class VoiceAcpAgent:
 
         from voice.service.acp_history import history_updates
 
-        if not self._in_log(session_id) and session_id not in self.sessions:
-            raise RequestError.resource_not_found(session_id)
+        if not self._session(session_id):
+            raise unknown_session(session_id)
         self.servers_given[session_id] = list(mcp_servers or [])
         self.cwds[session_id] = cwd
         old = self.sessions.pop(session_id, None)
@@ -184,7 +184,7 @@ class VoiceAcpAgent:
         for c in reversed(list_conversations(self.app.store)):  # the newest first
             if c.turns == 0:
                 continue
-            updated = datetime.fromtimestamp(c.last, timezone.utc).isoformat() if c.last else None
+            updated = datetime.fromtimestamp(c.last_wall, timezone.utc).isoformat() if c.last_wall else None
             infos.append(SessionInfo(session_id=c.conversation, cwd=self.cwds.get(c.conversation, cwd or "/"),
                                      title=(c.first_words or c.conversation)[:80], updated_at=updated))
         return ListSessionsResponse(sessions=infos)
@@ -232,7 +232,7 @@ class VoiceAcpAgent:
         from acp import PromptResponse, RequestError
 
         if not self._session(session_id):
-            raise RequestError.invalid_params({"sessionId": session_id, "details": "no such session"})
+            raise unknown_session(session_id)
         session = await self._hold(session_id)
         if session.agent.busy:
             raise RequestError.invalid_request({"details": "a prompt is already running in this session"})
@@ -327,6 +327,14 @@ class VoiceAcpAgent:
             session.close()
 
 
+def unknown_session(session_id: str):
+    """The error for a session id neither held nor in the log (ACP: resource not found)."""
+    from acp import RequestError
+
+    return RequestError(-32002, "Resource not found",
+                        {"sessionId": session_id, "details": "no such session: not one the log holds"})
+
+
 def _within(text: str, budget: int) -> tuple[str, int]:
     """`text` cut to what is left of `budget` (characters), saying so."""
     if len(text) <= budget:
@@ -399,9 +407,9 @@ def run_acp(config: dict[str, Any], db: str | None, llm_spec: str | None) -> int
     async def main() -> None:
         async with open_app(config, db=db, llm=llm_spec, notice=lambda text: print(text, file=sys.stderr, flush=True)) as app:
             reader, writer = await _protocol_streams()
-            guard = LineGuard(reader, writer, DEFAULT_STDIO_BUFFER_LIMIT_BYTES)
             async with anyio.create_task_group() as tg:
                 bridge = VoiceAcpAgent(app, tg)
+                guard = LineGuard(reader, writer, DEFAULT_STDIO_BUFFER_LIMIT_BYTES, cancel_session=bridge.cancel)
                 await app.announcer.attach_routed(bridge.announce)
 
                 async def on_signal() -> None:

@@ -67,6 +67,8 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
 
     async def read_answer() -> str | None:
         nonlocal ended
+        if ended:
+            return None  # no one is there to answer: declined at once, not after the timeout
         line = await lines.receive()
         ended = line is None
         if line is not None and not interactive:
@@ -85,7 +87,8 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
                         tg.cancel_scope.cancel()
 
         tg.start_soon(on_sigint)
-        for _, asked in unanswered(agent.store):  # questions a crash left unanswered are asked again first
+        expire_s = idle_gap_s if idle_gap_s is not None else 900.0
+        for _, asked in unanswered(agent.store, agent.conversation, expire_s=expire_s):  # a crash left them
             result = await agent.run_turn("", source="text", asked_again=asked)
             await agent.summarize_after(result.turn)
         while True:

@@ -55,7 +55,8 @@ def _status(r: dict[str, Any]) -> list[str]:
         f"speech: whisper {r.get('stt')}, {r.get('tts')}",
         f"language model: {model}",
         f"muted: {'yes' if r.get('muted') else 'no'}",
-    ]
+    ] + ([f"waiting for an answer: {r['question']} (voice ctl approve|deny)"] if r.get("question") else []) + (
+        ["mcp servers: " + ", ".join(f"{name} {state}" for name, state in r["mcp"].items())] if r.get("mcp") else [])
 
 
 def _say(r: dict[str, Any]) -> list[str]:

@@ -186,7 +186,8 @@ def run_daemon(config: dict[str, Any], db: str | None, llm_spec: str | None, rep
                 notify("READY=1")
                 started = True
                 _stderr(f"listening ({device.describe()}); {_how_to_talk(session)}; control socket {control.path}")
-                for _, asked in unanswered(app.store):  # a question a crash left unanswered is asked again first
+                for _, asked in unanswered(app.store, session.conversation,  # a crash left it: asked again first
+                                           expire_s=config["conversation"]["idle_gap_s"]):
                     tg.start_soon(session.ask_again, asked)
                 interval = watchdog_interval()
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD

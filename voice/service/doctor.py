@@ -180,7 +180,7 @@ def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
 # tokens and a summary of what left the window about 100, so 300 is the
 # summary and two exchanges; less, and the assistant forgets what was said a
 # minute ago, and no summary of the older turns fits.
-MIN_HISTORY_TOKENS = 300
+from voice.log.window import MIN_HISTORY_TOKENS  # noqa: E402
 
 
 def check_context(config: dict[str, Any]) -> Check:
@@ -240,7 +240,7 @@ def check_mcp(config: dict[str, Any]) -> list[Check]:
     assistant goes on without its tools."""
     import anyio
 
-    from voice.agent.approvals import Grants
+    from voice.agent.approvals import Grants, GrantsError
     from voice.app import command_environment
     from voice.agent.mcp.servers import McpServer, McpServers
     from voice.agent.mcp.settings import server_specs
@@ -263,16 +263,25 @@ def check_mcp(config: dict[str, Any]) -> list[Check]:
                                      server.fix()))
                     continue
                 tools = server.tools()
-                kinds = ", ".join(f"{t.name.split('__', 1)[1]} ({_kind(t)})" for t in tools) or "none offered"
-                out.append(Check(name, OK, f"running ({server.spec.transport}, protocol {server.protocol}); "
-                                           f"{len(tools)} of {len(server.listed)} tools offered: {kinds}"))
+                kinds = ", ".join(f"{t.origin} ({_kind(t)})" for t in tools) or "none offered"
+                unknown = server.spec.unknown_names({t.name for t in server.listed})
+                out.append(Check(name, WARN if unknown else OK,
+                                 f"running ({server.spec.transport}, protocol {server.protocol}); "
+                                 f"{len(tools)} of {len(server.listed)} tools offered: {kinds}",
+                                 "; ".join(unknown)))
             tg.cancel_scope.cancel()
 
     anyio.run(look)
     out.append(_schema_budget(config, [t for s in servers.servers for t in s.tools()]))
-    grants = Grants(_config_dir() / "grants.json").list()
-    out.append(Check("approval grants", OK, ", ".join(f"{t} of {s}" for s, t in grants) + " always allowed"
-                     if grants else "none (every call that asks first asks each time; voice grants revoke undoes one)"))
+    grants = Grants(_config_dir() / "grants.json")
+    try:
+        allowed, refused = grants.list("always"), grants.list("never")
+    except GrantsError as exc:
+        out.append(Check("approval grants", WARN, str(exc), f"fix or remove {grants.path}"))
+        return out
+    said = [f"{t} of {s} always allowed" for s, t in allowed] + [f"{t} of {s} always declined" for s, t in refused]
+    out.append(Check("approval grants", OK, "; ".join(said) if said else
+                     "none (every call that asks first asks each time; voice grants revoke undoes one)"))
     return out
 
 

@@ -297,7 +297,12 @@ class VoiceSession:
         p = self.parts
         route = p.agent.provider.route
         gate = p.listen.gate
+        approvals = p.agent.tool_env.services.get("approvals")
+        waiting = approvals.waiting(self.conversation) if approvals is not None else []
+        mcp = p.agent.tool_env.services.get("mcp")
         return {"state": self.state(), "turn": p.agent.current_turn, "conversation": self.conversation,
+                "question": waiting[-1].question if waiting else None,
+                "mcp": {s.spec.name: s.state for s in mcp.servers} if mcp is not None else {},
                 "device": self.device.describe(), "stt": self.stt_name, "tts": "piper en_US-joe-medium",
                 "llm": {"provider": route.provider, "model": route.model, "base_url": route.base_url},
                 "muted": p.listen.muted,

@@ -51,14 +51,20 @@ from voice.log.events import SpeechSentence
 from voice.speech.speakable import SpeakableStream, SpokenSentence
 from voice.speech.tts import SpeechAudio
 
+_SNAKE = re.compile(r"\b[A-Za-z]+(?:_+[A-Za-z]+)+\b")  # unlock_door, home__unlock_door
+_CAMEL = re.compile(r"\b[A-Z][a-z]+(?:[A-Z][a-z]+)+\b")  # HassTurnOff
 # What is never read aloud: URLs, paths, config keys and markup.
 _UNSPEAKABLE = re.compile(r"\S*(?:://|/|\\|~|`|\*|_|#)\S*")
 
 
 def spoken_notice(text: str) -> str:
     """What of a notice is said aloud: its head (before the first ": ", the
-    detail is for the transcript), without paths, URLs or markup."""
+    detail is for the transcript), without paths, URLs or markup; a tool's
+    name read as words ("unlock_door" as "unlock door", "HassTurnOff" as
+    "Hass Turn Off")."""
     head, detail, _ = text.partition(": ")
+    head = _SNAKE.sub(lambda m: m.group(0).replace("_", " "), head)
+    head = _CAMEL.sub(lambda m: re.sub(r"(?<=[a-z])(?=[A-Z])", " ", m.group(0)), head)
     spoken = " ".join(_UNSPEAKABLE.sub("", head).split())
     if detail:  # the head ends where the detail began: end it as a sentence
         spoken = spoken.rstrip(" .,;:") + "." if spoken.strip(" .,;:") else ""

@@ -9,9 +9,10 @@ not wait for the server to agree: cancellation is advisory, so a write that
 was sent and cancelled is *unknown* (voice.agent.mcp.tools).
 
 Lifecycle:
-- all enabled servers start together when the app opens, within
-  `START_TIMEOUT_S`; one that does not start is reported in one line and
-  the assistant goes on without its tools;
+- all enabled servers start together when the app opens, each within its
+  `start_timeout_s` (the handshake and the tool list); one that does not
+  start is reported in one line and the assistant goes on without its
+  tools (they are not added later: the request's prefix stays the same);
 - a server that exits (a crash) is restarted on its next use, after a
   back-off that doubles from 1 s up to 60 s; the call it had in flight ends
   unknown, and is never sent again by this program;
@@ -26,11 +27,15 @@ already dropped its request, and the turn has ended.
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
@@ -45,7 +50,6 @@ from voice.agent.mcp.stdio import StdioProcess, stdio_transport
 from voice.agent.mcp.tools import mcp_tool
 from voice.agent.tools.base import Tool, ToolContext, ToolError
 
-START_TIMEOUT_S = 10.0
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
 KEEP_CALLS = 256  # request ids remembered, for late results
@@ -100,6 +104,7 @@ class McpServer:
         self._calls: OrderedDict[Any, tuple[str, ToolContext]] = OrderedDict()  # request id -> call
         self._cancelled: OrderedDict[Any, float] = OrderedDict()
         self._sending: deque[tuple[str, ToolContext]] = deque()  # calls about to be written, in order
+        self._connect_refusals = 0  # HTTP requests refused at the connection (never sent)
         if not self.spec.enabled:
             self.state = "disabled"
 
@@ -117,7 +122,7 @@ class McpServer:
             _, missing = self.spec.header_values(self.environ)
             if missing:
                 return f"set the environment variable {missing[0]} (mcp.servers.{self.spec.name}.headers names it)"
-            return f"check that {self.spec.url} is an MCP endpoint that answers, and its token"
+            return f"check that {display_url(self.spec.url)} is an MCP endpoint that answers, and its token"
         return (f"run {' '.join([self.spec.command, *self.spec.args])} by hand to see why; the server gets only "
                 f"the variables of tools.command_env and mcp.servers.{self.spec.name}.env")
 
@@ -128,45 +133,54 @@ class McpServer:
         server cannot be reached before anything is sent; the SDK's errors
         after it was sent."""
         client = await self._connected()
-        self._sending.append((tool, ctx))
+        entry = (tool, ctx)
+        self._sending.append(entry)
+        refused_before = self._connect_refusals
         try:
             # No SDK read timeout: the tool's timeout is the loop's (a cancel), so it too sends notifications/cancelled.
             return await client.call_tool(tool, args)
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self._broken.set()
+                never_sent = (entry in self._sending if self.spec.transport == "stdio"
+                              else self._connect_refusals > refused_before)
+                if never_sent:  # the pipe refused it, or the server refused the connection
+                    raise ToolError(f"the MCP server {self.spec.name!r} could not be reached ({self._gone_reason()}); "
+                                    "nothing was sent") from None
             raise
         finally:
-            try:
-                self._sending.remove((tool, ctx))
-            except ValueError:
-                pass  # written: `_calls` has it now
+            if entry in self._sending:
+                self._sending.remove(entry)
+
+    def unavailable(self) -> str | None:
+        """Why a call cannot be sent now (before anyone is asked about it)."""
+        if not self.spec.enabled:
+            return f"the MCP server {self.spec.name!r} is disabled"
+        wait = self._retry_at - anyio.current_time()
+        if self._client is None and wait > 0:
+            return (f"the MCP server {self.spec.name!r} {self.state} ({self.error}); it is started again in "
+                    f"{wait:.0f} s; nothing was sent")
+        return None
 
     async def _connected(self) -> Client:
         if self._client is not None and not self._broken.is_set():
             return self._client
-        if not self.spec.enabled:
-            raise ToolError(f"the MCP server {self.spec.name!r} is disabled")
-        wait = self._retry_at - anyio.current_time()
-        if wait > 0:
-            raise ToolError(f"the MCP server {self.spec.name!r} {self.state} ({self.error}); it is started again in "
-                            f"{wait:.0f} s; nothing was sent")
+        why_not = self.unavailable()
+        if why_not:
+            raise ToolError(why_not)
         await self.start()
         if self._client is None:
             raise ToolError(f"the MCP server {self.spec.name!r} could not be started ({self.error}); nothing was sent")
         return self._client
 
-    async def start(self, bound_s: float = START_TIMEOUT_S) -> None:
-        """Ask the server's task to connect and wait (at most `bound_s`) until
-        it is running or has failed."""
+    async def start(self) -> None:
+        """Ask the server's task to connect and wait until it is running or
+        has failed (its task bounds that by `start_timeout_s`)."""
         if self._client is not None and not self._broken.is_set():
             return
         self._settled = anyio.Event()
         self._wanted.set()
-        with anyio.move_on_after(bound_s):
-            await self._settled.wait()
-        if self._client is None and not self.error:
-            self.error = f"it did not answer within {bound_s:g} s"
+        await self._settled.wait()
 
     # -- its task ---------------------------------------------------------------
 
@@ -177,19 +191,25 @@ class McpServer:
             self._wanted = anyio.Event()
             self._broken = anyio.Event()
             connected = False
+            # The handshake and the listing within start_timeout_s; no bound once it runs.
+            starting = anyio.CancelScope(deadline=anyio.current_time() + self.spec.start_timeout_s)
             try:
-                async with self._open() as client:
-                    with anyio.fail_after(START_TIMEOUT_S):
+                with starting:
+                    async with self._open() as client:
                         self.listed = await _list_all(client)
-                    self.protocol = client.protocol_version
-                    self._client, self.state, self.error, connected = client, "running", "", True
-                    self._backoff = BACKOFF_START_S
-                    self._settled.set()
-                    await self._broken.wait()
-                    if self.spec.transport == "stdio":  # a closed pipe comes just before the exit status
-                        with anyio.move_on_after(1.0):
-                            await self.process.exited.wait()
-                    raise ServerGone(self._gone_reason())
+                        starting.deadline = math.inf
+                        self.protocol = client.protocol_version
+                        self._client, self.state, self.error, connected = client, "running", "", True
+                        self._backoff = BACKOFF_START_S
+                        self._settled.set()
+                        await self._broken.wait()
+                        if self.spec.transport == "stdio":  # a closed pipe comes just before the exit status
+                            with anyio.move_on_after(1.0):
+                                await self.process.exited.wait()
+                        raise ServerGone(self._gone_reason())
+                if starting.cancelled_caught:
+                    self.error = (f"it did not answer within {self.spec.start_timeout_s:g} s (raise "
+                                  f"mcp.servers.{self.spec.name}.start_timeout_s if it is slow to start)")
             except Exception as exc:  # a server's failure is reported, never the assistant's end
                 self.error = _describe(exc, self)
             finally:
@@ -217,9 +237,10 @@ class McpServer:
                 await self.process.exited.wait()
                 self._broken.set()
 
-            async with anyio.create_task_group() as tg, Client(transport) as client:
+            async with anyio.create_task_group() as tg:
                 tg.start_soon(watch_exit)
-                yield client
+                async with Client(transport) as client:
+                    yield client
                 tg.cancel_scope.cancel()
         else:
             headers, missing = spec.header_values(self.environ)
@@ -232,7 +253,8 @@ class McpServer:
                     self.http_refused = response.status_code
 
             async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0),
-                                          event_hooks={"response": [note_refusal]}) as http:
+                                          event_hooks={"response": [note_refusal]},
+                                          transport=_CountingRefusals(self)) as http:
                 async with Client(streamable_http_client(spec.url, http_client=http)) as client:
                     yield client
 
@@ -258,6 +280,21 @@ class McpServer:
                                         json.dumps(error) if error else None))
 
 
+class _CountingRefusals(httpx2.AsyncHTTPTransport):
+    """Counts the requests the server refused at the connection: those were never sent."""
+
+    def __init__(self, server: McpServer):
+        super().__init__()
+        self.server = server
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            return await super().handle_async_request(request)
+        except httpx2.ConnectError:
+            self.server._connect_refusals += 1
+            raise
+
+
 async def _list_all(client: Client) -> list[mcp_types.Tool]:
     tools, cursor = [], None
     for _ in range(100):  # pages
@@ -270,32 +307,60 @@ async def _list_all(client: Client) -> list[mcp_types.Tool]:
 
 
 def _describe(exc: BaseException, server: McpServer) -> str:
-    """One line for a failure to start or a connection that ended."""
+    """One line for a failure to start or a connection that ended. Never a
+    header value, an `env` value or a URL's credentials or query."""
+    return _redact(_first_cause(exc, server), server)
+
+
+def _first_cause(exc: BaseException, server: McpServer) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    spec = server.spec
     if isinstance(exc, (ServerGone, ToolError)):
         return str(exc)
+    if server.process.error:
+        return server.process.error
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and spec.cwd and not os.path.isdir(spec.cwd):
+        return f"its cwd {spec.cwd!r} is not a directory"
     if isinstance(exc, FileNotFoundError):
-        return f"{server.spec.command!r} was not found (on the PATH of tools.command_env)"
+        return f"{spec.command!r} was not found (on the PATH of tools.command_env)"
     if isinstance(exc, PermissionError):
-        return f"{server.spec.command!r} cannot be run (permission denied)"
+        what = "is a directory" if os.path.isdir(spec.command) else "cannot be run (permission denied)"
+        return f"{spec.command!r} {what}"
     if isinstance(exc, TimeoutError):
-        return f"it did not answer within {START_TIMEOUT_S:g} s"
-    if isinstance(exc, httpx2.HTTPStatusError):
-        return f"{server.spec.url} answered HTTP {exc.response.status_code}"
-    if isinstance(exc, httpx2.HTTPError):
-        return f"{server.spec.url} cannot be reached ({type(exc).__name__}: {exc})"
+        return f"it did not answer within {spec.start_timeout_s:g} s"
     if server.http_refused is not None:
         status = server.http_refused
-        names = " or ".join(v for _, v in server.spec.headers)
+        names = " or ".join(v for _, v in spec.headers)
         why = f" (its token, from {names}, was refused)" if status in (401, 403) and names else ""
-        return f"{server.spec.url} answered HTTP {status}{why}"
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return f"{display_url(spec.url)} answered HTTP {status}{why}"
+    if isinstance(exc, (UnicodeEncodeError, httpx2.LocalProtocolError)):
+        names = " or ".join(v for _, v in spec.headers) or "the header values"
+        return f"a header value cannot be sent (check {names}: one line, no line breaks, ASCII only)"
+    if isinstance(exc, httpx2.HTTPError):
+        return f"{display_url(spec.url)} cannot be reached ({type(exc).__name__})"
     code = server.process.returncode
-    if code is not None and server.spec.transport == "stdio":
+    if code is not None and spec.transport == "stdio":
         tail = server.process.stderr_tail.decode("utf-8", "replace").strip().splitlines()
-        text = f"it exited with status {code}" + (f": {tail[-1][:200]}" if tail else "")
-    return text
+        return f"it exited with status {code}" + (f": {tail[-1][:200]}" if tail else "")
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def display_url(url: str) -> str:
+    """A URL as it may be shown: no user, password or query."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _redact(text: str, server: McpServer) -> str:
+    secrets = [v for _, v in server.spec.given_headers] + [v for _, v in server.spec.env]
+    secrets += list(server.spec.header_values(server.environ)[0].values())
+    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text.replace(server.spec.url, display_url(server.spec.url)) if server.spec.url else text
 
 
 @dataclass
@@ -305,7 +370,7 @@ class McpServers:
     servers: list[McpServer]
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Start every enabled server (together, each within START_TIMEOUT_S),
+        """Start every enabled server (together, each within its start_timeout_s),
         report started, then keep their connections until cancelled."""
         async with anyio.create_task_group() as tg:
             for server in self.servers:
@@ -318,7 +383,28 @@ class McpServers:
             await anyio.sleep_forever()
 
     def tools(self) -> list[Tool]:
-        return [tool for server in self.servers for tool in server.tools()]
+        """Every offered tool, in server then tool order; a name two of them
+        would share gets a hash of the second's server and real name."""
+        out, taken = [], set()
+        for server in self.servers:
+            for tool in server.tools():
+                if tool.name in taken:
+                    digest = hashlib.sha256(f"{server.spec.name}\0{tool.origin}".encode()).hexdigest()[:8]
+                    tool = replace(tool, name=tool.name[:55] + "_" + digest)
+                taken.add(tool.name)
+                out.append(tool)
+        return out
+
+    def notices(self) -> list[str]:
+        """One line per problem a person should hear of at start."""
+        out = []
+        for server in self.servers:
+            if server.state in ("failed", "crashed"):
+                out.append(f"mcp: the server {server.spec.name!r} did not start: {server.error}; its tools are not "
+                           f"offered (fix: {server.fix()})")
+            elif server.state == "running":
+                out += [f"mcp: {line}" for line in server.spec.unknown_names({t.name for t in server.listed})]
+        return out
 
     def failed(self) -> list[McpServer]:
         return [s for s in self.servers if s.state in ("failed", "crashed")]

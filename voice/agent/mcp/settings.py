@@ -18,7 +18,7 @@ Approve = Literal["destructive", "writes", "never"]
 DEFAULTS: dict[str, Any] = {
     "command": "", "args": [], "env": {}, "cwd": "", "url": "", "headers": {}, "allow": [], "deny": [],
     "trust_annotations": False, "read_tools": [], "timeout_s": 30.0, "approve": "destructive",
-    "max_result_chars": 4000, "enabled": True,
+    "max_result_chars": 4000, "enabled": True, "start_timeout_s": 10.0,
 }
 
 
@@ -40,6 +40,7 @@ class ServerSpec:
     approve: Approve = "destructive"
     max_result_chars: int = 4000
     enabled: bool = True
+    start_timeout_s: float = 10.0  # the handshake and the tool list (a first `npx` or `uvx` run fetches first)
 
     @property
     def transport(self) -> str:
@@ -47,6 +48,16 @@ class ServerSpec:
 
     def offers(self, tool: str) -> bool:
         return (not self.allow or tool in self.allow) and tool not in self.deny
+
+    def unknown_names(self, listed: set[str]) -> list[str]:
+        """Lines for names in allow, deny or read_tools that the server does not have."""
+        out = []
+        for key, names in (("allow", self.allow), ("deny", self.deny), ("read_tools", self.read_tools)):
+            missing = [n for n in names if n not in listed]
+            if missing:
+                out.append(f"mcp.servers.{self.name}.{key} names {', '.join(missing)}, which the server does not "
+                           f"have (its tools: {', '.join(sorted(listed)) or 'none'})")
+        return out
 
     def header_values(self, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         """The headers to send, and the variables that are not set."""
@@ -70,5 +81,5 @@ def server_specs(config: dict[str, Any]) -> list[ServerSpec]:
             cwd=t["cwd"], url=t["url"], headers=tuple(sorted(t["headers"].items())), allow=tuple(t["allow"]),
             deny=tuple(t["deny"]), trust_annotations=t["trust_annotations"], read_tools=tuple(t["read_tools"]),
             timeout_s=float(t["timeout_s"]), approve=t["approve"], max_result_chars=int(t["max_result_chars"]),
-            enabled=t["enabled"]))
+            enabled=t["enabled"], start_timeout_s=float(t["start_timeout_s"])))
     return out

@@ -66,6 +66,7 @@ class StdioProcess:
     returncode: int | None = None
     exited: anyio.Event = field(default_factory=anyio.Event)
     stderr_tail: bytes = b""
+    error: str = ""  # what went wrong on the pipe, when it was the server's doing
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -94,8 +95,10 @@ async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None,
             while True:
                 try:
                     line = await proc.stdout.readline()
-                except (ValueError, asyncio.LimitOverrunError) as exc:  # a line over LINE_LIMIT
-                    await read_send.send(ValueError(f"the server sent a message over {LINE_LIMIT} bytes: {exc}"))
+                except (ValueError, asyncio.LimitOverrunError):  # a line over LINE_LIMIT
+                    info.error = f"it sent a message over {LINE_LIMIT // (1024 * 1024)} MiB (one line), more than a " \
+                                 "client reads"
+                    await read_send.send(ValueError(info.error))
                     return
                 if not line:
                     return  # EOF: the server exited or closed stdout; the session sees the end
@@ -113,12 +116,13 @@ async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None,
         async with write_receive:
             async for item in write_receive:
                 data = item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                on_message("out", item.message.model_dump(by_alias=True, mode="json", exclude_none=True))
                 try:
                     proc.stdin.write(data.encode())
                     await proc.stdin.drain()
                 except (BrokenPipeError, ConnectionResetError):
                     return  # the server is gone: its requests end as the read side closes
+                # Shown once written: a call the pipe refused was never sent.
+                on_message("out", item.message.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     async def keep_stderr() -> None:
         # Drained so the server never blocks on a full pipe; the tail explains a failed start.

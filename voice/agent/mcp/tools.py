@@ -24,6 +24,7 @@ What a write's result proves (its receipt):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,15 @@ class McpCallError(Exception):
 
 
 def model_name(server: str, tool: str) -> str:
-    return (server + SEPARATOR + _NAME_CHARS.sub("_", tool))[:64]
+    """SERVER__TOOL as providers accept it (letters, digits, _ and -, at most
+    64). When that is not the tool's name exactly (a character replaced, the
+    name cut), a hash of the real name is added, so two tools never share
+    one: a grant or a call meant for one can never reach the other."""
+    plain = server + SEPARATOR + tool
+    if _NAME_CHARS.search(tool) is None and len(plain) <= 64:
+        return plain
+    digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
+    return (server + SEPARATOR + _NAME_CHARS.sub("_", tool))[:55] + "_" + digest
 
 
 def classify(server: McpServer, tool: mcp_types.Tool) -> tuple[str, bool]:
@@ -66,9 +75,14 @@ def needs_approval(policy: str, effect: str, destructive: bool) -> bool:
     return effect == "write" and (policy == "writes" or (policy == "destructive" and destructive))
 
 
-def title(tool: mcp_types.Tool) -> str:
-    """A name a person can read: the tool's title, else its name."""
-    return tool.title or (tool.annotations.title if tool.annotations else None) or tool.name
+def title(server: McpServer, tool: mcp_types.Tool) -> str:
+    """What the person is shown of the tool: its own name, always (a server
+    chooses its titles, and one that is not trusted could call `wipe_disk`
+    "Read the weather"); a trusted server's title beside it."""
+    own = tool.title or (tool.annotations.title if tool.annotations else None)
+    if own and server.spec.trust_annotations and own != tool.name:
+        return f"{tool.name} ({own})"
+    return tool.name
 
 
 def result_text(result: mcp_types.CallToolResult) -> str:
@@ -124,9 +138,9 @@ def mcp_tool(server: McpServer, tool: mcp_types.Tool) -> Tool:
             return ToolOutcome(text)
         return ToolOutcome(text, Receipt("confirmed", {"server": spec.name, "tool": tool.name}))
 
-    return Tool(name=model_name(spec.name, tool.name), description=tool.description or title(tool),
+    return Tool(name=model_name(spec.name, tool.name), description=tool.description or tool.name,
                 parameters=tool.input_schema or {"type": "object"}, effect=effect, run=run,
                 timeout_s=spec.timeout_s, destructive=destructive,
                 ask_first=needs_approval(spec.approve, effect, destructive),
-                source=spec.name, title=title(tool))
+                source=spec.name, title=title(server, tool), origin=tool.name, unavailable=server.unavailable)
 
