@@ -62,8 +62,9 @@ def test_every_type_has_one_body_and_a_sample():
     assert {type(b).TYPE for b in SAMPLES} == ev.EVENT_TYPES == set(ev.BODIES)
     assert len(SAMPLES) == len(ev.EVENT_TYPES)
     assert ev.SURFACE_TYPES == {ev.USER_MESSAGE, ev.ASSISTANT_MESSAGE, ev.TOOL_RESULT}
+    # An approval is durable: a dispatch follows only a grant on disk, and a question survives a crash.
     assert ev.DURABLE_TYPES == {ev.TOOL_DISPATCH, ev.EFFECT_RECEIPT, ev.TIMER_SET, ev.TIMER_CANCEL, ev.TIMER_FIRED,
-                                ev.TURN_END}
+                                ev.TURN_END, ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED}
 
 
 @pytest.mark.parametrize("body", SAMPLES, ids=lambda b: type(b).TYPE)
