@@ -94,7 +94,7 @@ def test_a_wrong_token_is_one_line_naming_the_variable_and_the_assistant_answers
         doctor = voice(env, "doctor", "--config", str(config), "--no-load")
     assert r.returncode == 0, r.stderr
     assert "assistant: Hello." in r.stdout
-    line = [ln for ln in (r.stdout + r.stderr).splitlines() if "'home' did not start" in ln]
+    line = [ln for ln in (r.stdout + r.stderr).splitlines() if "server home did not start" in ln]
     assert len(line) == 1
     assert "answered HTTP 401 (its token, from HA_AUTHORIZATION, was refused)" in line[0]
     assert "[warn] mcp home: failed:" in doctor.stdout and "HTTP 401" in doctor.stdout

@@ -248,19 +248,17 @@ async def test_a_server_that_cannot_start_costs_one_line_and_the_assistant_goes_
     config = config_with(tmp_path, broken=stdio(chaos_server_command(tmp_path / "j", crash_on_start=True)),
                          missing={"command": "/no/such/server"},
                          good=stdio(time_server_command(), trust_annotations=True))
-    notices: list[str] = []
     provider = scripted(call("good__get_current_time", timezone="Europe/London"), say("It is evening."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path,
-                        notice=notices.append) as app:
+    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         out = io.StringIO()
         await app.announcer.attach(TextSurface(out=out).notice)
         agent = app.agent(TextSurface(out=out), "c1")
         assert (await agent.run_turn("what time is it in London")).outcome == ev.COMPLETED
         result = rows(app.store, ev.TOOL_RESULT)[0].body
-    assert sorted(n.split("'")[1] for n in notices) == ["broken", "missing"]
-    assert any("exited with status 2" in n and "crashing on start" in n for n in notices)
-    assert any("'/no/such/server' was not found" in n for n in notices)
-    assert "The tools of broken could not be started." in out.getvalue()
+    said = [line for line in out.getvalue().splitlines() if "did not start" in line]
+    assert [line.split()[3] for line in said] == ["broken", "missing"]  # one line each, where the person is
+    assert "exited with status 2" in said[0] and "crashing on start" in said[0]
+    assert "'/no/such/server' was not found" in said[1] and "(fix: " in said[1]
     # mcp-server-time (a server we did not write), trusted: a read, no question, its answer to the model.
     assert result.status == "ok" and json.loads(result.content)["timezone"] == "Europe/London"
 

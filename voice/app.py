@@ -228,10 +228,10 @@ async def open_app(config: dict[str, Any], *, db: str | Path | None = None, stor
                 await tg.start(app.mcp.run)
                 for tool in app.mcp.tools():  # in a fixed order: the request's prefix stays the same
                     app.tools.add(tool)
-                for line in app.mcp.notices():
+                for line in app.mcp.warnings():
                     notice(line)
-                for server in app.mcp.failed():
-                    await announcer(f"The tools of {server.spec.name} could not be started.")
+                for line in app.mcp.not_started():  # one line each, where the person is (spoken, printed, sent)
+                    await announcer(line)
                 await token_counter(provider, app.settings, app.tools.schemas())
                 left = history_budget(app.settings, app.tools.schemas())
                 if app.mcp.servers and left < MIN_HISTORY_TOKENS:

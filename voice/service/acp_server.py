@@ -114,6 +114,7 @@ class VoiceAcpAgent:
         self.cwds: dict[str, str] = {}
         self.read_files = False  # the client offers fs/read_text_file
         self.active: str | None = None  # where an announcement of no conversation goes
+        self.unrouted: list[str] = []  # said before any session existed: told to the next one
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -211,7 +212,8 @@ class VoiceAcpAgent:
         specs, refused = _specs(self.servers_given.get(conversation, []), taken={s.spec.name for s in
                                                                                   self.app.mcp.servers})
         servers = mcp_servers(specs, self.app.store, self.app.tool_env.command_env)
-        session = _Session(surface, self.app.agent(surface, conversation), servers, pending=refused)
+        session = _Session(surface, self.app.agent(surface, conversation), servers, pending=self.unrouted + refused)
+        self.unrouted = []
         if servers.servers:
             session.scope = await self.tg.start(_run_servers, servers)
             for server in servers.failed():
@@ -317,10 +319,13 @@ class VoiceAcpAgent:
         """To the session of `conversation` (none given: the active one); a
         session not open here finds it in the log when loaded."""
         session = self.sessions.get(conversation or self.active or "")
-        if session is None:
-            print(f"voice acp: {text}", file=sys.stderr, flush=True)
-        else:
+        if session is not None:
             await session.surface.notice(text)
+        elif not conversation:  # the agent's own (an MCP server that did not start): the next session hears it
+            self.unrouted.append(text)
+            del self.unrouted[:-16]
+        else:
+            print(f"voice acp: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         for session in self.sessions.values():

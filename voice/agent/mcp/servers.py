@@ -395,16 +395,16 @@ class McpServers:
                 out.append(tool)
         return out
 
-    def notices(self) -> list[str]:
-        """One line per problem a person should hear of at start."""
-        out = []
-        for server in self.servers:
-            if server.state in ("failed", "crashed"):
-                out.append(f"mcp: the server {server.spec.name!r} did not start: {server.error}; its tools are not "
-                           f"offered (fix: {server.fix()})")
-            elif server.state == "running":
-                out += [f"mcp: {line}" for line in server.spec.unknown_names({t.name for t in server.listed})]
-        return out
+    def not_started(self) -> list[str]:
+        """One line per server that did not start: said to the person (its
+        head aloud), the assistant going on without its tools."""
+        return [f"The MCP server {s.spec.name} did not start: {s.error}; its tools are not offered (fix: {s.fix()})"
+                for s in self.failed()]
+
+    def warnings(self) -> list[str]:
+        """Lines for the log of the service: config that names tools a running server does not have."""
+        return [f"mcp: {line}" for s in self.servers if s.state == "running"
+                for line in s.spec.unknown_names({t.name for t in s.listed})]
 
     def failed(self) -> list[McpServer]:
         return [s for s in self.servers if s.state in ("failed", "crashed")]
