@@ -80,6 +80,7 @@ def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=p
 def measure(work: Path, *, quick: bool = False, peer_runs: int = 4, log=print) -> dict:
     """Every combination (quick: 0 ms TTFT, early end only), then the peer
     beside ours on its clip and reply."""
+    work.mkdir(parents=True, exist_ok=True)  # (benchmarks/run.py hands a folder it has not made)
     clips = ESPEAK + HUMAN
     combos = [(stt, ttft, early) for stt in ("tiny.en", "base") for ttft in ((0,) if quick else (0, 300))
               for early in ((True,) if quick else (True, False))]
