@@ -105,6 +105,7 @@ class McpServer:
         self._cancelled: OrderedDict[Any, float] = OrderedDict()
         self._sending: deque[tuple[str, ToolContext]] = deque()  # calls about to be written, in order
         self._connect_refusals = 0  # HTTP requests refused at the connection (never sent)
+        self._starting = False  # a start was asked for and has not settled
         if not self.spec.enabled:
             self.state = "disabled"
 
@@ -178,8 +179,9 @@ class McpServer:
         has failed (its task bounds that by `start_timeout_s`)."""
         if self._client is not None and not self._broken.is_set():
             return
-        self._settled = anyio.Event()
-        self._wanted.set()
+        if not self._starting:  # a start under way is waited for, not begun again
+            self._starting, self._settled = True, anyio.Event()
+            self._wanted.set()
         await self._settled.wait()
 
     # -- its task ---------------------------------------------------------------
@@ -201,6 +203,7 @@ class McpServer:
                         self.protocol = client.protocol_version
                         self._client, self.state, self.error, connected = client, "running", "", True
                         self._backoff = BACKOFF_START_S
+                        self._starting = False
                         self._settled.set()
                         await self._broken.wait()
                         if self.spec.transport == "stdio":  # a closed pipe comes just before the exit status
@@ -217,6 +220,7 @@ class McpServer:
             self.state = "crashed" if connected else "failed"
             self._retry_at = anyio.current_time() + self._backoff
             self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+            self._starting = False
             self._settled.set()
 
     def _gone_reason(self) -> str:
