@@ -16,6 +16,7 @@ The plan (JSON):
     totalTimeoutMs  the driver then stops, kills the agent and writes (default 120000)
     exitTimeoutMs   at the end: stdin is closed, then SIGTERM after this (default 5000)
     permission      the initial permission policy (default "reject_once"; below)
+    readDelayMs     fs/read_text_file answers after this long (a slow disk; default 0)
 
 Every step has "type", an optional "id" (its result can then be referred to by
 later steps as "$ID" or "$ID.field.field", e.g. "$new1.sessionId"; "$$x" is a
@@ -162,7 +163,12 @@ def run_plan(tmp_path: Path, argv: list[str], env: dict[str, str], steps: list[d
         raise AssertionError(f"the ACP driver did not finish within {timeout} s; its stderr: {exc.stderr!r}") from None
     if not out_path.exists():
         raise AssertionError(f"the ACP driver wrote no output (exit {proc.returncode}); stderr:\n{proc.stderr}")
-    out = json.loads(out_path.read_text(encoding="utf-8"))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))  # a raw line a test sent may nest ~1,000 deep, and the output holds it
+    try:
+        out = json.loads(out_path.read_text(encoding="utf-8"))
+    finally:
+        sys.setrecursionlimit(limit)
     out["driverStderr"] = proc.stderr
     out["driverExit"] = proc.returncode
     return out

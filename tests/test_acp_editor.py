@@ -233,12 +233,18 @@ def test_a_retry_after_a_provider_error_says_the_reply_broke_off_and_stop_reason
     clean(out)
 
 
+DEEP = '{"jsonrpc":"2.0","id":"raw-1","method":"session/list","params":{"_meta":{"x":' + "[" * 980 + "]" * 980 + "}}}"
+
+
 @pytest.mark.parametrize("line, code", [("[1,2]", -32600), ('"x"', -32600), ("3", -32600), ("null", -32600),
-                                        ("{not json", -32700), ('{"jsonrpc":"2.0","id":"raw-1","method":7}', -32600)])
+                                        ("{not json", -32700), ('{"jsonrpc":"2.0","id":"raw-1","method":7}', -32600),
+                                        (DEEP, -32600)], ids=["batch", "string", "number", "null", "not-json",
+                                                              "method-not-a-string", "nested-980-deep"])
 def test_a_hostile_line_gets_its_error_and_the_agent_goes_on(tmp_path, line, code):
     argv, env = agent(tmp_path, say("Still here."))
     out = run_plan(tmp_path, argv, env, [
-        INIT, {"type": "raw", "id": "raw", "line": line, "responseId": "raw-1" if "raw-1" in line else None},
+        # The answer carries the request's id where it could be read (JSON-RPC), else null.
+        INIT, {"type": "raw", "id": "raw", "line": line, "responseId": "raw-1" if '"method":7' in line else None},
         {"type": "newSession", "id": "new", "cwd": str(tmp_path)},
         {"type": "prompt", "id": "p", "sessionId": "$new.sessionId", "text": "are you there?"},
         {"type": "close", "id": "end"}])
@@ -247,6 +253,93 @@ def test_a_hostile_line_gets_its_error_and_the_agent_goes_on(tmp_path, line, cod
     assert chunk_text(out) == "Still here."
     assert result(out, "end")["code"] == 0
     assert violations(out) == [] or all(v["via"] == "raw" for v in violations(out, raw=True))
+
+
+def test_a_load_refused_during_a_prompt_leaves_the_session_as_it_was(tmp_path):
+    argv, env = agent(tmp_path, say(LONG, chunk_delay_ms=60) + say("Second."))
+    out = run_plan(tmp_path, argv, env, [
+        INIT, {"type": "newSession", "id": "new", "cwd": str(tmp_path)},
+        {"type": "prompt", "id": "long", "sessionId": "$new.sessionId", "text": "count", "background": True},
+        {"type": "waitFor", "update": "agent_message_chunk", "count": 2},
+        {"type": "loadSession", "id": "load", "sessionId": "$new.sessionId", "cwd": str(tmp_path)},
+        {"type": "prompt", "id": "second", "sessionId": "$new.sessionId", "text": "again"},
+        {"type": "cancel", "sessionId": "$new.sessionId"},
+        {"type": "await", "id": "done", "ref": "long"},
+        {"type": "close"}], stopAfterTimeout=False)
+    assert step(out, "load")["error"]["code"] == -32600
+    assert step(out, "second")["error"]["code"] == -32600  # still one prompt at a time
+    assert result(out, "done") == {"stopReason": "cancelled"}  # the cancel still reached it
+    clean(out)
+
+
+def test_an_unreadable_answer_to_the_permission_request_declines_and_the_turn_ends(tmp_path):
+    journal = tmp_path / "chaos.journal"
+    argv, env = agent(tmp_path, call("chaos__unlock_door", door="front") + say("I could not ask."))
+    out = run_plan(tmp_path, argv, env, [
+        INIT, {"type": "newSession", "id": "new", "cwd": str(tmp_path), "mcpServers": [chaos(journal)]},
+        {"type": "prompt", "id": "p", "sessionId": "$new.sessionId", "text": "unlock", "permission": "error"},
+        {"type": "close"}])
+    assert result(out, "p") == {"stopReason": "end_turn"}
+    found = log(tmp_path)
+    assert [e.body.outcome for e in found if e.type == ev.TURN_END] == [ev.COMPLETED]
+    assert [(e.body.decision, e.body.how) for e in found if e.type == ev.APPROVAL_ANSWERED] == [
+        ("denied", "unavailable")]
+    assert not events(journal, "start")
+    assert [u.get("status") for u in updates(out) if u.get("toolCallId") == "call_1_0_0_0"] == ["pending", "failed"]
+    clean(out)
+
+
+def test_a_cancel_while_a_linked_file_is_read_runs_no_turn(tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("slow\n")
+    argv, env = agent(tmp_path, say("Never said."))
+    out = run_plan(tmp_path, argv, env, [
+        INIT, {"type": "newSession", "id": "new", "cwd": str(tmp_path)},
+        {"type": "prompt", "id": "p", "sessionId": "$new.sessionId", "cancelAfter": 300,
+         "prompt": [{"type": "text", "text": "read"}, {"type": "resource_link", "name": "n", "uri": notes.as_uri()}]},
+        {"type": "close"}], readDelayMs=2000)
+    assert result(out, "p") == {"stopReason": "cancelled"}
+    assert not [e for e in log(tmp_path) if e.type == ev.TURN_START]
+    assert chunk_text(out) == ""
+    clean(out)
+
+
+def test_session_list_is_advertised_and_keeps_each_threads_directory(tmp_path):
+    project_a, project_b = tmp_path / "a", tmp_path / "b"
+    argv, env = agent(tmp_path, say("In A.") + say("In B."))
+    run_plan(tmp_path, argv, env, [
+        INIT, {"type": "newSession", "id": "a", "cwd": str(project_a)},
+        {"type": "prompt", "sessionId": "$a.sessionId", "text": "plan for A"},
+        {"type": "newSession", "id": "b", "cwd": str(project_b)},
+        {"type": "prompt", "sessionId": "$b.sessionId", "text": "plan for B"},
+        {"type": "close"}], name="first")
+    argv, env = agent(tmp_path, say("unused"), name="llm2")  # after a restart
+    out = run_plan(tmp_path, argv, env, [
+        INIT, {"type": "listSessions", "id": "all"}, {"type": "listSessions", "id": "b", "cwd": str(project_b)},
+        {"type": "newSession", "id": "rel", "cwd": "relative/dir"}, {"type": "close"}], stopAfterTimeout=False)
+    assert "list" in result(out, "init")["agentCapabilities"]["sessionCapabilities"]
+    assert [(s["cwd"], s["title"]) for s in result(out, "all")["sessions"]] == [
+        (str(project_b), "plan for B"), (str(project_a), "plan for A")]
+    assert [s["title"] for s in result(out, "b")["sessions"]] == ["plan for B"]
+    assert step(out, "rel")["error"]["code"] == -32602
+    clean(out)
+
+
+def test_an_always_allow_does_not_carry_over_to_another_program_under_the_same_name(tmp_path):
+    journal = tmp_path / "chaos.journal"
+    impostor = chaos(tmp_path / "impostor.journal")
+    impostor["args"] = impostor["args"] + ["--ignore-sigterm"]  # another command line: another program
+    argv, env = agent(tmp_path, call("chaos__unlock_door", door="a") + say("Done.")
+                      + call("chaos__unlock_door", door="b") + say("Done."))
+    out = run_plan(tmp_path, argv, env, [
+        INIT, {"type": "newSession", "id": "one", "cwd": str(tmp_path), "mcpServers": [chaos(journal)]},
+        {"type": "prompt", "sessionId": "$one.sessionId", "text": "unlock a", "permission": "allow_always"},
+        {"type": "newSession", "id": "two", "cwd": str(tmp_path), "mcpServers": [impostor]},
+        {"type": "prompt", "sessionId": "$two.sessionId", "text": "unlock b", "permission": "reject_once"},
+        {"type": "close"}])
+    assert len(out["permissionRequests"]) == 2  # asked again: the grant was for the first program
+    assert not events(tmp_path / "impostor.journal", "start")
+    clean(out)
 
 
 def answered_at(out: dict, step_id: str) -> int:

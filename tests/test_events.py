@@ -46,6 +46,7 @@ SAMPLES: list[ev.Body] = [
     ev.ApprovalRequested(approval_id="call_4_0_0_0", tool="home__HassTurnOff", server="home", title="HassTurnOff",
                          arguments={"name": "Front door"}, question="Should I use HassTurnOff on home?"),
     ev.ApprovalAnswered(approval_id="call_4_0_0_0", decision="granted", how="voice", words="yes", always=False),
+    ev.AcpSession(cwd="/home/me/project"),
     ev.ConversationFork(parent="c-a", turn=3),
     ev.ConversationEnd(reason="idle", idle_s=901.5),
     ev.ConversationSummary(text="The person asked about tides.", first_turn=1, last_turn=4,

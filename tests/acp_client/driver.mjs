@@ -501,6 +501,7 @@ function buildClient() {
     .onRequest(acp.methods.client.fs.readTextFile, async ({ params }) => {
       const rec = { t: now(), method: "fs/read_text_file", params };
       out.fileOps.push(rec);
+      if (plan.readDelayMs) await new Promise((resolve) => setTimeout(resolve, plan.readDelayMs)); // a slow disk
       try {
         let text = await fs.promises.readFile(params.path, "utf8");
         if (params.line != null || params.limit != null) {

@@ -560,10 +560,10 @@ class AgentLoop:
             raise
         self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=answer.decision, how=answer.how,
                                                 words=answer.words, always=answer.always))
-        said = answer_notice(answer, tool.source, origin)
+        said = answer_notice(answer, tool.source_id or tool.source, origin)
         if answer.always and approvals is not None and answer.how != "always":
             try:
-                approvals.grants.add(tool.source, origin, allow=answer.decision == GRANTED)
+                approvals.grants.add(tool.source_id or tool.source, origin, allow=answer.decision == GRANTED)
             except GrantsError as exc:  # the answer still counts, once
                 said = f"I couldn't remember that for next time: {exc}"
         if said and getattr(self.surface, "answers_questions", False):
@@ -577,9 +577,9 @@ class AgentLoop:
         """The person's answer: a remembered one, the client's own dialog
         (ACP), or their next words after the question."""
         try:
-            if approvals is not None and approvals.grants.allows(tool.source, origin):
+            if approvals is not None and approvals.grants.allows(tool.source_id or tool.source, origin):
                 return Answer(GRANTED, "always")
-            if approvals is not None and approvals.grants.refuses(tool.source, origin):
+            if approvals is not None and approvals.grants.refuses(tool.source_id or tool.source, origin):
                 return Answer(DENIED, "always")
         except GrantsError:
             pass  # an unreadable grants file grants nothing: the person is asked

@@ -561,6 +561,14 @@ class ConversationSummary(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AcpSession(Body):
+    """An editor opened (or loaded) this conversation as an ACP session, in `cwd`."""
+
+    TYPE = "acp/session"
+    cwd: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class TimerSet(Body):
     TYPE = "timer/set"
     DURABLE = True
@@ -671,6 +679,7 @@ LATE_OUTPUT: Final = LateOutput.TYPE
 CONVERSATION_FORK: Final = ConversationFork.TYPE
 CONVERSATION_END: Final = ConversationEnd.TYPE
 CONVERSATION_SUMMARY: Final = ConversationSummary.TYPE
+ACP_SESSION: Final = AcpSession.TYPE
 TIMER_SET: Final = TimerSet.TYPE
 TIMER_CANCEL: Final = TimerCancel.TYPE
 TIMER_FIRED: Final = TimerFired.TYPE

@@ -6,8 +6,10 @@ reply reached them (`agent_message_chunk`, the delivered prefix: a stopped
 reply ends with a " [stopped]" chunk whose `_meta` says so), and each tool
 call once, with its final status and what the model saw (`tool_call`:
 completed or failed). A summary that stands for older turns comes first as
-the agent's thought. Timers that rang in the conversation are told where
-they rang.
+the agent's thought. Timers that rang in the conversation are told after
+the turns (not where they rang). What is not history is not told again: an
+attempt that broke off (a provider error) is left out, as the model never
+sees it either.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def history_updates(store: EventStore, conversation: str, titles: dict[str, str]
                 ok = result is not None and result.status == "ok" and result.receipt != ev.FAILED
                 seen = (result.content if result is not None and result.status == "ok" else
                         {"status": result.status, "error": result.error} if result is not None else None)
+                if result is None:
+                    seen = {"status": "no result", "error": "the assistant stopped before this call had a result"}
                 shown = seen if isinstance(seen, str) else json.dumps(seen, ensure_ascii=False)
                 out.append(start_tool_call(call["id"], titles.get(name, name), status="completed" if ok else "failed",
                                            raw_input=arguments, raw_output=seen,

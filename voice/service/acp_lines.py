@@ -22,26 +22,34 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from voice.service.control import nesting_depth
+
 log = logging.getLogger("voice.acp")
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+MAX_NESTING = 64  # ACP's deepest message is far shallower
 
 
 def parsed(line: bytes) -> dict[str, Any] | None:
     """The line's JSON-RPC object, or None when it is not one (`checked` says why)."""
-    try:
-        message = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    if checked(line) is not None:
         return None
-    return message if isinstance(message, dict) and checked(line) is None else None
+    message = json.loads(line)
+    return message if isinstance(message, dict) else None
 
 
 def checked(line: bytes) -> dict[str, Any] | None:
     """None when `line` may go on to the library; else the error response to send."""
     try:
-        message = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return _error(None, PARSE_ERROR, "Parse error", "the line is not UTF-8 text")
+    if nesting_depth(text) > MAX_NESTING:  # deeper would exhaust a parser's recursion (this one's or the library's)
+        return _error(None, INVALID_REQUEST, "Invalid Request", f"nested deeper than {MAX_NESTING} levels")
+    try:
+        message = json.loads(text)
+    except ValueError as exc:
         return _error(None, PARSE_ERROR, "Parse error", f"the line is not JSON: {exc}")
     if not isinstance(message, dict):
         what = "a batch (ACP has none)" if isinstance(message, list) else {

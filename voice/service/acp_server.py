@@ -75,6 +75,7 @@ CHARS_PER_TOKEN = 3  # the estimate's rate (voice.log.window.estimate_tokens)
 #: ACP sessions held in memory, the most recently used (an editor opens a
 #: session per chat and never closes one: over weeks, thousands).
 KEEP_SESSIONS = 16
+KNOWN_SESSIONS = 4096  # sessions opened in this process that are remembered (ids, cwd, servers) when let go
 
 
 class PromptRefused(Exception):
@@ -88,6 +89,7 @@ class _Session:
     servers: McpServers
     scope: anyio.CancelScope | None = None  # its MCP servers run in it
     pending: list[str] = field(default_factory=list)  # said to the client before the next reply
+    prompting: anyio.CancelScope | None = None  # a prompt is being answered (its files read, then its turn)
 
     def close(self) -> None:
         if self.scope is not None:
@@ -112,6 +114,7 @@ class VoiceAcpAgent:
         self.sessions: dict[str, _Session] = {}
         self.servers_given: dict[str, list[Any]] = {}  # the client's mcpServers of each session, to rebuild it
         self.cwds: dict[str, str] = {}
+        self.known: dict[str, None] = {}  # sessions this process opened, held or not (the newest KNOWN_SESSIONS)
         self.read_files = False  # the client offers fs/read_text_file
         self.active: str | None = None  # where an announcement of no conversation goes
         self.unrouted: list[str] = []  # said before any session existed: told to the next one
@@ -122,7 +125,8 @@ class VoiceAcpAgent:
     async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
                          **kwargs: Any):
         from acp import PROTOCOL_VERSION, InitializeResponse
-        from acp.schema import AgentCapabilities, Implementation, McpCapabilities, PromptCapabilities
+        from acp.schema import (AgentCapabilities, Implementation, McpCapabilities, PromptCapabilities,
+                                SessionCapabilities, SessionListCapabilities)
 
         import voice
 
@@ -132,7 +136,8 @@ class VoiceAcpAgent:
             protocol_version=min(protocol_version, PROTOCOL_VERSION),
             agent_capabilities=AgentCapabilities(
                 load_session=True, mcp_capabilities=McpCapabilities(http=True, sse=False),
-                prompt_capabilities=PromptCapabilities(embedded_context=True, image=False, audio=False)),
+                prompt_capabilities=PromptCapabilities(embedded_context=True, image=False, audio=False),
+                session_capabilities=SessionCapabilities(list=SessionListCapabilities())),
             agent_info=Implementation(name="voice", title="voice", version=voice.__version__),
         )
 
@@ -144,9 +149,9 @@ class VoiceAcpAgent:
 
         from voice.log.store import new_conversation_id
 
+        _absolute(cwd)
         conversation = new_conversation_id()
-        self.servers_given[conversation] = list(mcp_servers or [])
-        self.cwds[conversation] = cwd
+        self._remember(conversation, cwd, mcp_servers)
         await self._hold(conversation)
         self.active = conversation
         return NewSessionResponse(session_id=conversation)
@@ -160,13 +165,13 @@ class VoiceAcpAgent:
 
         if not self._session(session_id):
             raise unknown_session(session_id)
-        self.servers_given[session_id] = list(mcp_servers or [])
-        self.cwds[session_id] = cwd
-        old = self.sessions.pop(session_id, None)
-        if old is not None:
-            if old.agent.busy:
-                raise RequestError.invalid_request({"details": "a prompt is running in this session"})
-            old.close()  # the client's servers now are the ones it gave here
+        _absolute(cwd)
+        held = self.sessions.get(session_id)
+        if held is not None and held.prompting is not None:  # refused before anything of it is touched
+            raise RequestError.invalid_request({"details": "a prompt is running in this session"})
+        self._remember(session_id, cwd, mcp_servers)
+        if held is not None:
+            self.sessions.pop(session_id).close()  # the client's servers now are the ones it gave here
         session = await self._hold(session_id)
         titles = {n: tool_title(n, session.agent.tools.get(n)) for n in session.agent.tools.names()}
         for update in history_updates(self.app.store, session_id, titles):
@@ -181,14 +186,27 @@ class VoiceAcpAgent:
 
         from voice.log.conversations import list_conversations
 
+        cwds = {e.conversation: e.body.cwd for e in self.app.store.events(None, types={ev.ACP_SESSION})}
         infos = []
         for c in reversed(list_conversations(self.app.store)):  # the newest first
-            if c.turns == 0:
-                continue
+            where = cwds.get(c.conversation)
+            if c.turns == 0 or where is None or (cwd is not None and where != cwd):
+                continue  # only the editor's own threads (those of the asked directory)
             updated = datetime.fromtimestamp(c.last_wall, timezone.utc).isoformat() if c.last_wall else None
-            infos.append(SessionInfo(session_id=c.conversation, cwd=self.cwds.get(c.conversation, cwd or "/"),
+            infos.append(SessionInfo(session_id=c.conversation, cwd=where,
                                      title=(c.first_words or c.conversation)[:80], updated_at=updated))
         return ListSessionsResponse(sessions=infos)
+
+    def _remember(self, conversation: str, cwd: str, mcp_servers: list[Any] | None) -> None:
+        self.servers_given[conversation] = list(mcp_servers or [])
+        self.cwds[conversation] = cwd
+        self.known[conversation] = None
+        while len(self.known) > KNOWN_SESSIONS:
+            old = next(iter(self.known))
+            del self.known[old]
+            self.servers_given.pop(old, None)
+            self.cwds.pop(old, None)
+        self.app.store.record(conversation, ev.AcpSession(cwd=cwd))
 
     def _in_log(self, session_id: str) -> bool:
         return session_id.startswith("c-") and self.app.store.first_turn(session_id) is not None
@@ -201,8 +219,7 @@ class VoiceAcpAgent:
         if session is None:
             session = await self._build(conversation)
         self.sessions[conversation] = session
-        spare = [c for c, s in self.sessions.items() if c != conversation and not s.agent.busy
-                 and self._in_log(c)]
+        spare = [c for c, s in self.sessions.items() if c != conversation and s.prompting is None]
         for old in spare[: max(0, len(self.sessions) - KEEP_SESSIONS)]:
             self.sessions.pop(old).close()
         return session
@@ -226,7 +243,7 @@ class VoiceAcpAgent:
         return session
 
     def _session(self, session_id: str) -> bool:
-        return session_id in self.sessions or self._in_log(session_id)
+        return session_id in self.sessions or session_id in self.known or self._in_log(session_id)
 
     # -- prompts ---------------------------------------------------------------
 
@@ -236,18 +253,25 @@ class VoiceAcpAgent:
         if not self._session(session_id):
             raise unknown_session(session_id)
         session = await self._hold(session_id)
-        if session.agent.busy:
+        if session.prompting is not None:
             raise RequestError.invalid_request({"details": "a prompt is already running in this session"})
+        session.prompting = anyio.CancelScope()
         try:
-            text = await self._prompt_text(session, prompt)
-        except PromptRefused as exc:
-            raise RequestError.invalid_params({"details": str(exc)}) from None
-        if not text.strip():
-            raise RequestError.invalid_params({"details": "the prompt holds no text"})
-        self.active = session_id
-        await self._say_pending(session)
-        result = await session.agent.run_turn(text, source="acp")
-        await session.surface.drain()  # every update of the turn precedes the response
+            with session.prompting:  # a session/cancel while its files are read: no turn runs
+                try:
+                    text = await self._prompt_text(session, prompt)
+                except PromptRefused as exc:
+                    raise RequestError.invalid_params({"details": str(exc)}) from None
+            if session.prompting.cancel_called:
+                return PromptResponse(stop_reason="cancelled")
+            if not text.strip():
+                raise RequestError.invalid_params({"details": "the prompt holds no text"})
+            self.active = session_id
+            await self._say_pending(session)
+            result = await session.agent.run_turn(text, source="acp")
+            await session.surface.drain()  # every update of the turn precedes the response
+        finally:
+            session.prompting = None
         if result.outcome == ev.ERROR:
             raise RequestError.internal_error({"details": "the language model request failed", "turn": result.turn})
         return PromptResponse(stop_reason=self._stop_reason(session_id, result.turn, result.outcome))
@@ -294,10 +318,14 @@ class VoiceAcpAgent:
     async def _linked(self, session: _Session, link: Any, budget: int) -> tuple[str, int]:
         uri = link.uri
         parsed = urlparse(uri)
-        if parsed.scheme != "file" or not self.read_files:
-            why = "the client does not offer fs/read_text_file" if parsed.scheme == "file" else "not a file"
+        local = parsed.netloc in ("", "localhost")
+        if parsed.scheme != "file" or not self.read_files or not local:
+            why = ("not a file" if parsed.scheme != "file" else "a file on another host" if not local
+                   else "the client does not offer fs/read_text_file")
             return f"[linked {uri} ({why}: not read)]", budget
         path = unquote(parsed.path)
+        if not os.path.isabs(path):  # fs/read_text_file takes absolute paths: relative to the session's cwd
+            path = os.path.normpath(os.path.join(self.cwds.get(session.surface.session_id, "/"), path))
         try:
             with anyio.fail_after(10):
                 response = await self.conn.read_text_file(session_id=session.surface.session_id, path=path)
@@ -313,6 +341,8 @@ class VoiceAcpAgent:
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         session = self.sessions.get(session_id)
         if session is not None:
+            if session.prompting is not None and not session.agent.busy:
+                session.prompting.cancel()  # still reading its files: the turn never starts
             session.agent.cancel()
 
     async def announce(self, conversation: str, text: str) -> None:
@@ -330,6 +360,13 @@ class VoiceAcpAgent:
     def close(self) -> None:
         for session in self.sessions.values():
             session.close()
+
+
+def _absolute(cwd: str) -> None:
+    from acp import RequestError
+
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        raise RequestError.invalid_params({"cwd": cwd, "details": "cwd must be an absolute path (ACP)"})
 
 
 def unknown_session(session_id: str):
@@ -361,10 +398,11 @@ def _specs(given: list[Any], taken: set[str]) -> tuple[list[ServerSpec], list[st
         names.add(name)
         if kind == "http":
             headers = tuple((h.name, h.value) for h in server.headers or [])
-            specs.append(ServerSpec(name=name, url=server.url, given_headers=headers))
+            specs.append(ServerSpec(name=name, url=server.url, given_headers=headers, given_by="editor"))
         elif kind == "stdio" or hasattr(server, "command"):
             env = tuple((v.name, v.value) for v in getattr(server, "env", None) or [])
-            specs.append(ServerSpec(name=name, command=server.command, args=tuple(server.args or []), env=env))
+            specs.append(ServerSpec(name=name, command=server.command, args=tuple(server.args or []), env=env,
+                                    given_by="editor"))
         else:
             refused.append(f"the MCP server {server.name!r} uses {kind}, which this agent does not support "
                            "(stdio and http only)")

@@ -118,6 +118,16 @@ def _refuse_constant(name: str) -> Any:
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
+def nesting_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON `text`, counted without
+    parsing it (deep nesting exhausts a parser's recursion)."""
+    depth = deepest = 0
+    for ch in re.sub(r"[^\[\]{}]", "", _STRING.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def parse_request(line: bytes) -> dict[str, Any]:
     """One request line -> its object; MalformedRequest saying why not.
     Depth is checked before parsing (deep nesting would exhaust the parser's
@@ -127,12 +137,8 @@ def parse_request(line: bytes) -> dict[str, Any]:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedRequest(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    depth = deepest = 0
-    for ch in re.sub(r"[^\[\]{}]", "", _STRING.sub("", text)):
-        depth += 1 if ch in "[{" else -1
-        deepest = max(deepest, depth)
-        if deepest > MAX_DEPTH:
-            raise MalformedRequest(f"nested deeper than {MAX_DEPTH} levels")
+    if nesting_depth(text) > MAX_DEPTH:
+        raise MalformedRequest(f"nested deeper than {MAX_DEPTH} levels")
     try:
         request = json.loads(text, parse_int=_bounded_int, parse_constant=_refuse_constant)
     except MalformedRequest:

@@ -184,6 +184,9 @@ class AcpSurface:
         except CLIENT_GONE as exc:
             log.warning("acp: session/request_permission failed: %s", exc)
             return Answer(DENIED, "unavailable")
+        except Exception as exc:  # the client answered with an error, or with no outcome this agent can read
+            log.warning("acp: session/request_permission was answered with no usable outcome: %s", exc)
+            return Answer(DENIED, "unavailable", "the editor's answer could not be read")
         outcome = response.outcome
         if isinstance(outcome, AllowedOutcome):
             for option, _, decision, always in PERMISSION_OPTIONS:

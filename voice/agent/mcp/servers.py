@@ -117,6 +117,9 @@ class McpServer:
 
     def fix(self) -> str:
         """What the person can do about a server that is not running."""
+        if self.spec.given_by == "editor":
+            what = self.spec.url and display_url(self.spec.url) or " ".join([self.spec.command, *self.spec.args])
+            return f"check the MCP server {self.spec.name!r} in the editor's settings ({what})"
         if self.state == "disabled":
             return f"set mcp.servers.{self.spec.name}.enabled = true to use it"
         if self.spec.transport == "http":
@@ -160,7 +163,7 @@ class McpServer:
         wait = self._retry_at - anyio.current_time()
         if self._client is None and wait > 0:
             return (f"the MCP server {self.spec.name!r} {self.state} ({self.error}); it is started again in "
-                    f"{wait:.0f} s; nothing was sent")
+                    f"{math.ceil(wait)} s; nothing was sent")
         return None
 
     async def _connected(self) -> Client:
@@ -211,8 +214,9 @@ class McpServer:
                                 await self.process.exited.wait()
                         raise ServerGone(self._gone_reason())
                 if starting.cancelled_caught:
-                    self.error = (f"it did not answer within {self.spec.start_timeout_s:g} s (raise "
-                                  f"mcp.servers.{self.spec.name}.start_timeout_s if it is slow to start)")
+                    self.error = f"it did not answer within {self.spec.start_timeout_s:g} s" + (
+                        f" (raise mcp.servers.{self.spec.name}.start_timeout_s if it is slow to start)"
+                        if self.spec.given_by == "config" else "")
             except Exception as exc:  # a server's failure is reported, never the assistant's end
                 self.error = _describe(exc, self)
             finally:

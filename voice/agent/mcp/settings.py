@@ -41,6 +41,21 @@ class ServerSpec:
     max_result_chars: int = 4000
     enabled: bool = True
     start_timeout_s: float = 10.0  # the handshake and the tool list (a first `npx` or `uvx` run fetches first)
+    # Whose it is: "config" ([mcp.servers]) or "editor" (an ACP client's); an editor's is known for its
+    # grants by what it runs, not by the name the editor gave it (`identity`).
+    given_by: str = "config"
+
+    @property
+    def identity(self) -> str:
+        """What "always" answers are kept under: a configured server's name;
+        an editor's name with a digest of its command or URL, so another
+        program an editor calls by the same name inherits nothing."""
+        if self.given_by == "config":
+            return self.name
+        import hashlib
+
+        what = "\0".join([self.command, *self.args, self.url])
+        return f"{self.name}#{hashlib.sha256(what.encode()).hexdigest()[:8]}"
 
     @property
     def transport(self) -> str:

@@ -142,5 +142,6 @@ def mcp_tool(server: McpServer, tool: mcp_types.Tool) -> Tool:
                 parameters=tool.input_schema or {"type": "object"}, effect=effect, run=run,
                 timeout_s=spec.timeout_s, destructive=destructive,
                 ask_first=needs_approval(spec.approve, effect, destructive),
-                source=spec.name, title=title(server, tool), origin=tool.name, unavailable=server.unavailable)
+                source=spec.name, source_id=spec.identity, title=title(server, tool), origin=tool.name,
+                unavailable=server.unavailable)
 

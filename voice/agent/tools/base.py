@@ -65,6 +65,7 @@ class Tool:
     destructive: bool = False  # a write that may destroy or undo something (MCP: destructiveHint)
     ask_first: bool = False  # the person approves each call before it is dispatched (voice.agent.approvals)
     source: str = ""  # where it comes from: "" built in, else the MCP server's name
+    source_id: str = ""  # what grants are kept under (an editor's server: its name and what it runs)
     title: str = ""  # what a person is shown of it, for questions and editors
     origin: str = ""  # its name at its source (an MCP server's own tool name); grants are keyed by it
     # Why it cannot be called now (an MCP server in its back-off), None when it can: nothing is asked then.
