@@ -162,7 +162,8 @@ def _unanswered(db: Path) -> bool:
 
     store = EventStore(db, read_only=True)
     try:
-        return bool(unanswered(store))
+        # voice chat goes on in the latest conversation, and asks again what it left unanswered there
+        return bool(unanswered(store, store.latest_conversation() or "", expire_s=900.0))
     finally:
         store.close()
 
