@@ -30,16 +30,27 @@ def say(text: str) -> str:
     return f'[[reply]]\nchunk_delay_ms = 10\ntext = "{text}"\n'
 
 
-def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_daemon(tmp_path):
+def chaos_config(tmp_path: Path) -> tuple[Path, Path]:
+    """(the chaos server's journal, a config in open mode that starts it)."""
     journal = tmp_path / "chaos.journal"
     argv = chaos_server_command(journal)
     config = tmp_path / "voice.toml"
     config.write_text(f'[listen]\nmode = "open"\n[mcp.servers.chaos]\ncommand = {json.dumps(argv[0])}\n'
                       f"args = {json.dumps(argv[1:])}\n")
+    return journal, config
+
+
+def said_at(path: Path, at_s: float) -> Path:
+    """A replay device's scenario: "Unlock the front door." at `at_s`."""
+    path.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = {at_s}\n')
+    return path
+
+
+def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_daemon(tmp_path):
+    journal, config = chaos_config(tmp_path)
     script = tmp_path / "replies.toml"
     script.write_text(unlock("front") + say("The front door is unlocked.") + unlock("back") + say("I left it."))
-    scenario = tmp_path / "unlock.toml"
-    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = 0.3\n')
+    scenario = said_at(tmp_path / "unlock.toml", 0.3)
     d = Daemon(tmp_path, scenario, extra_args=("--config", str(config), "--llm", f"scripted:{script}"))
     try:
         d.pump(lambda: any(e.type == ev.APPROVAL_REQUESTED for e in d.events()), timeout=90)
@@ -71,15 +82,10 @@ def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_d
 
 
 def test_a_question_a_killed_daemon_left_is_asked_again_and_answered_from_the_terminal(tmp_path):
-    journal = tmp_path / "chaos.journal"
-    argv = chaos_server_command(journal)
-    config = tmp_path / "voice.toml"
-    config.write_text(f'[listen]\nmode = "open"\n[mcp.servers.chaos]\ncommand = {json.dumps(argv[0])}\n'
-                      f"args = {json.dumps(argv[1:])}\n")
+    journal, config = chaos_config(tmp_path)
     first = tmp_path / "first.toml"
     first.write_text(unlock("front"))
-    scenario = tmp_path / "unlock.toml"
-    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = 0.3\n')
+    scenario = said_at(tmp_path / "unlock.toml", 0.3)
     d = Daemon(tmp_path, scenario, extra_args=("--config", str(config), "--llm", f"scripted:{first}"))
     try:
         d.pump(lambda: any(e.type == ev.APPROVAL_REQUESTED for e in d.events()), timeout=90)
@@ -96,8 +102,7 @@ def test_a_question_a_killed_daemon_left_is_asked_again_and_answered_from_the_te
 
     after = tmp_path / "after.toml"
     after.write_text(say("The front door is unlocked."))
-    quiet = tmp_path / "quiet.toml"  # nobody speaks in the next 10 minutes
-    quiet.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "unlock_door.wav"}"\nat = 600\n')
+    quiet = said_at(tmp_path / "quiet.toml", 600)  # nobody speaks in the next 10 minutes
     d = Daemon(tmp_path, quiet, extra_args=("--config", str(config), "--llm", f"scripted:{after}"))
     try:
         d.pump(lambda: sum(e.type == ev.APPROVAL_REQUESTED for e in d.events()) == 2, timeout=90)
