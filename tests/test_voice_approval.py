@@ -7,6 +7,7 @@ is dispatched only after a grant on the log."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,21 @@ def test_stop_over_the_question_withdraws_it_and_nothing_is_dispatched(tmp_path)
     assert not of(log, ev.TOOL_DISPATCH)
     assert [e.body.outcome for e in of(log, ev.TURN_END)] == [ev.ABORTED]
     assert "This is never said" not in stdout
+
+
+def test_a_replay_starts_no_mcp_server_and_asks_as_the_scenario_says(tmp_path):
+    """The replay never acts on the world: the config's MCP servers are not
+    started (the scenario's stand-in answers), and the question is asked as
+    it was."""
+    journal = tmp_path / "chaos.journal"
+    argv = [sys.executable, str(ROOT / "tests" / "mcp_servers" / "chaos_server.py"), "--journal", str(journal)]
+    config = tmp_path / "voice.toml"
+    config.write_text(f"[mcp.servers.home]\ncommand = {json.dumps(argv[0])}\nargs = {json.dumps(argv[1:])}\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    proc = subprocess.run([sys.executable, "-m", "voice", "replay", str(SCENARIOS / "approval_yes.toml"), "--config",
+                           str(config), "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not journal.exists(), "the replay started the config's MCP server"
+    assert f"notice: {QUESTION}" in proc.stdout
