@@ -403,7 +403,7 @@ def test_the_readme_recipe_with_a_real_server(env, tmp_path):
     config file it shows works. Doctor with a model the server lacks says
     how this server serves one; doctor while the server streams a reply
     says it is busy (the README's --interrupt_requests False)."""
-    from llm_server import MODEL_ALIAS, missing
+    from llm_server import MODEL_ALIAS, check_first_token, missing
 
     if (why := missing()) is not None:
         pytest.skip(why)
@@ -427,6 +427,7 @@ def test_the_readme_recipe_with_a_real_server(env, tmp_path):
                 pass
             assert time.monotonic() < deadline, "the README's server did not answer"
             time.sleep(0.2)
+        check_first_token(url, server, lambda: (tmp_path / "server.log").read_text())
 
         doctor = subprocess.run(_as_here(doctor_line, port), cwd=ROOT, env=env, capture_output=True, text=True,
                                 timeout=120)
@@ -468,7 +469,8 @@ def test_the_readme_recipe_with_a_real_server(env, tmp_path):
         r = voice(env, "chat", "--db", str(tmp_path / "e.db"), stdin="And goodbye.\n", timeout=180)
         assert r.returncode == 0 and "assistant: " in r.stdout, r.stderr
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        if server.poll() is None:  # (a server that died of its build is gone already)
+            os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(20)
         except subprocess.TimeoutExpired:
