@@ -124,5 +124,18 @@ class KillPoints:
         self._proc.wait(10)
 
 
+def killpoints_fixture():
+    """A module-scoped pytest fixture of one KillPoints server (tests/test_chaos.py, tests/test_mcp_restart.py)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def killpoints():
+        k = KillPoints()
+        yield k
+        k.close()
+
+    return killpoints
+
+
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from killpoint import KillPoints
+from killpoint import killpoints_fixture
 from loopback_llm import LoopbackLLM
 from voice.log import events as ev
 from voice.log.store import EventStore
@@ -31,11 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
-@pytest.fixture(scope="module")
-def killpoints() -> Iterator[KillPoints]:
-    k = KillPoints()
-    yield k
-    k.close()
+killpoints = killpoints_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from killpoint import KillPoints
+from killpoint import killpoints_fixture
 from mcp_fixtures import chaos_server_command, events, process_is_running
 from voice.log import events as ev
 from voice.log.store import EventStore
@@ -33,11 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module")
-def killpoints() -> Iterator[KillPoints]:
-    k = KillPoints()
-    yield k
-    k.close()
+killpoints = killpoints_fixture()
 
 
 def setup(tmp: Path, approve: str) -> tuple[dict[str, str], Path, Path]:
