@@ -67,3 +67,76 @@ def test_nothing_points_outside_the_repository():
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode in (0, 1), out.stderr  # 1: nothing found
     assert out.stdout == "", "these lines point outside the repository:\n" + out.stdout
+
+
+# -- one writer per event type (issue #25) -------------------------------------
+
+# Callers in modules that another change of #25 rewrites: they move to the
+# one writer named here when those changes merge (then this dict is emptied).
+AWAITING_MERGE: dict[str, set[str]] = {
+    "LateOutput": {"voice/speech/session.py", "voice/app.py"},  # -> voice.log.late.record_late
+}
+
+
+def _body_classes() -> set[str]:
+    from voice.log import events
+
+    return {cls.__name__ for cls in events.BODIES.values()}
+
+
+def _constructed(path: Path, bodies: set[str]) -> set[str]:
+    """The body classes a module calls (`X(...)`, `X.ctor(...)`, `ev.X(...)`,
+    `ev.X.ctor(...)`), through names it imported from voice.log."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: dict[str, str] = {}  # local name -> body class
+    modules: set[str] = set()  # local names of voice.log modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("voice.log"):
+            for a in node.names:
+                if a.name in bodies:
+                    names[a.asname or a.name] = a.name
+                elif node.module == "voice.log":
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name.startswith("voice.log.") and a.asname}
+
+    def body_of(expr: ast.expr) -> str | None:
+        if isinstance(expr, ast.Name):
+            return names.get(expr.id)
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in modules:
+            return expr.attr if expr.attr in bodies else None
+        return None
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            kind = body_of(f) or (body_of(f.value) if isinstance(f, ast.Attribute) else None)
+            if kind:
+                found.add(kind)
+    return found
+
+
+def test_each_event_type_is_built_in_one_module():
+    """Each body is constructed for recording in exactly one module (its
+    writer, through `EventStore.record`); every other caller goes through
+    that module's writer function."""
+    bodies = _body_classes()
+    defining = {"voice/log/events.py", *(p.relative_to(ROOT).as_posix()
+                                         for p in (ROOT / "voice" / "log" / "bodies").glob("*.py"))}
+    builders: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "voice").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in defining:
+            continue
+        for kind in _constructed(path, bodies):
+            if rel not in AWAITING_MERGE.get(kind, set()):
+                builders.setdefault(kind, set()).add(rel)
+    several = {k: sorted(v) for k, v in builders.items() if len(v) > 1}
+    assert not several, f"event types built in more than one module: {several}"
+
+
+def test_the_store_has_one_recording_path():
+    from voice.log.store import EventStore
+
+    assert not hasattr(EventStore, "append"), "the untyped EventStore.append is gone: record a body"

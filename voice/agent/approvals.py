@@ -232,6 +232,19 @@ class Approvals:
         return pending.answer or Answer(DENIED, "timeout")
 
 
+def record_answer(store: EventStore, asked: ev.Event | tuple[str, int | None, int | None, int | None],
+                  approval_id: str, answer: Answer) -> None:
+    """The one writer of `approval/answered`: what became of the question
+    `approval_id`, filed where it was asked (`asked`: its row, or
+    (conversation, turn, step, attempt)). The loop (granted, denied,
+    withdrawn by a stop or a restart) and the expiry below write it here."""
+    where = (asked.conversation, asked.turn, asked.step, asked.attempt) if isinstance(asked, ev.Event) else asked
+    conversation, turn, step, attempt = where
+    store.record(conversation, ev.ApprovalAnswered(approval_id=approval_id, decision=answer.decision, how=answer.how,
+                                                   words=answer.words, always=answer.always),
+                 turn=turn, step=step, attempt=attempt)
+
+
 def unanswered(store: EventStore, conversation: str, *, expire_s: float,
                now: float | None = None) -> list[tuple[ev.Event, ev.ApprovalRequested]]:
     """Questions of `conversation` asked and never answered (the process
@@ -250,8 +263,7 @@ def unanswered(store: EventStore, conversation: str, *, expire_s: float,
     out = []
     for e, body in asked.values():
         if now - e.at_wall > expire_s:
-            store.record(e.conversation, ev.ApprovalAnswered(approval_id=body.approval_id, decision=WITHDRAWN,
-                                                             how="expired"), turn=e.turn, step=e.step, attempt=e.attempt)
+            record_answer(store, e, body.approval_id, Answer(WITHDRAWN, "expired"))
         elif e.conversation == conversation:
             out.append((e, body))
     return out

@@ -65,6 +65,15 @@ def effects(store: EventStore, conversation: str | None = None) -> list[Effect]:
     return out
 
 
+def record_receipt(store: EventStore, conversation: str, call_id: str, name: str, phase: str, state: str,
+                   evidence: dict[str, Any], *, turn: int | None, step: int | None, attempt: int | None) -> None:
+    """The one writer of `effect/receipt`: what is known of a write, from
+    its own outcome (`phase` "dispatch": the loop, or recovery for a call a
+    crash cut) or from a later look (`phase` "reconciled")."""
+    store.record(conversation, ev.EffectReceipt(tool_call_id=call_id, name=name, phase=phase, state=state,
+                                                evidence=evidence), turn=turn, step=step, attempt=attempt)
+
+
 async def reconcile_one(store: EventStore, effect: Effect, tool: Tool, ctx: ToolContext) -> Effect:
     """Ask the tool what became of an unknown write; record what it finds.
     Never re-executes the write."""
@@ -73,8 +82,6 @@ async def reconcile_one(store: EventStore, effect: Effect, tool: Tool, ctx: Tool
     receipt = await tool.reconcile(effect.arguments, effect.dispatch, ctx)
     if receipt.state == ev.UNKNOWN:
         return effect
-    store.record(effect.conversation, ev.EffectReceipt(tool_call_id=effect.tool_call_id, name=effect.tool,
-                                                       phase="reconciled", state=receipt.state,
-                                                       evidence=receipt.evidence),
-                 turn=effect.turn, step=effect.step, attempt=effect.attempt)
+    record_receipt(store, effect.conversation, effect.tool_call_id, effect.tool, "reconciled", receipt.state,
+                   receipt.evidence, turn=effect.turn, step=effect.step, attempt=effect.attempt)
     return replace(effect, state="reconciled", outcome=receipt.state, evidence=receipt.evidence)

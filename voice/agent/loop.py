@@ -20,7 +20,6 @@ closed `interrupted` instead of `aborted`.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,9 +27,9 @@ from pathlib import Path
 
 import anyio
 
-from voice.agent.approvals import (DENIED, GRANTED, WITHDRAWN, Answer, Approvals, GrantsError, Pending,
-                                   ago, answer_notice, approval_question)
-from voice.agent.effects import effects, reconcile_one
+from voice.agent.approvals import GRANTED
+from voice.agent.asking import AskingFirst
+from voice.agent.effects import effects, reconcile_one, record_receipt
 from voice.agent.preempt import EarlyStart
 from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
 from voice.agent.providers.base import (
@@ -44,10 +43,11 @@ from voice.agent.providers.base import (
 from voice.agent.summary import due as summary_due
 from voice.agent.summary import summarize, summarizes
 from voice.agent.surface import Delivered, Surface, UnitRef
+from voice.agent import turn_rows as rows
+from voice.agent.turn_rows import Place
 from voice.agent.tools import ToolError, ToolRegistry
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
 from voice.log import events as ev
-from voice.log.events import UNSET
 from voice.log.projections import derive_history, provider_messages
 from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens
 from voice.log.store import EventStore
@@ -138,6 +138,19 @@ def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]
     return out
 
 
+def record_unfinished_call(store: EventStore, place: Place, call_id: str, name: str, *, dispatched: bool,
+                           receipt: str | None = None) -> ev.ToolResult:
+    """The one result of a call its turn never finished: not dispatched (a
+    stop, a shutdown, a crash before it ran), or dispatched and then the
+    process died (start-up recovery: what its receipt proves, never more).
+    The loop is the writer of tool results; recovery closes a crashed turn's
+    calls through here."""
+    result = (ev.ToolResult.recovered_after_crash(call_id, name, receipt) if dispatched
+              else ev.ToolResult.not_dispatched(call_id, name))
+    rows.record(store, place, result)
+    return result
+
+
 def history_budget(s: LoopSettings, schemas: list[dict[str, Any]]) -> int:
     """Tokens left for the conversation once the system prompt, the tool
     schemas and the reply's reserve are counted."""
@@ -145,7 +158,7 @@ def history_budget(s: LoopSettings, schemas: list[dict[str, Any]]) -> int:
     return max(0, s.context_tokens - s.reply_tokens - fixed)
 
 
-class AgentLoop:
+class AgentLoop(AskingFirst):
     def __init__(
         self,
         store: EventStore,
@@ -234,9 +247,8 @@ class AgentLoop:
         for delta in early.deltas:
             assembler.feed(delta)
         assembler.close()
-        self.store.record(self.conversation, ev.AssistantAttempt(
-            message_id=early.message_id, content=assembler.content_blocks(), route=self._route(),
-            finish_reason=assembler.finish_reason, reason="superseded"))
+        rows.attempt(self.store, Place(self.conversation), "superseded", message_id=early.message_id,
+                     content=assembler.content_blocks(), route=self._route(), finish_reason=assembler.finish_reason)
 
     async def run_turn(self, user_text: str, *, source: str = "text", audio: dict[str, Any] | None = None,
                        early: EarlyStart | None = None, asked_again: ev.ApprovalRequested | None = None) -> TurnResult:
@@ -305,11 +317,11 @@ class AgentLoop:
             first = 1
         for step in range(first, self.settings.max_steps):
             state.step, state.attempt = step, 0
-            self._record(state, ev.StepStart(route=self._route()))
+            rows.step_start(self.store, self._at(state), self._route())
             state.step_open = True
             assembler = await self._request_with_retries(state)
             if assembler is None:
-                self._record(state, ev.StepEnd(outcome="error"))
+                rows.step_end(self.store, self._at(state), "error")
                 state.step_open = False
                 self.store.end_turn(self.conversation, state.turn, ev.ERROR, error="the language model request failed")
                 return ev.ERROR
@@ -317,7 +329,7 @@ class AgentLoop:
             # A completion the model streamed after its writes, once confirmed
             # and spoken, ends the turn: asking again would only repeat it.
             completed = await self._run_tools(state, calls) if calls else False
-            self._record(state, ev.StepEnd(outcome="tool_calls" if calls else "completed"))
+            rows.step_end(self.store, self._at(state), "tool_calls" if calls else "completed")
             state.step_open = False
             if not calls or completed:
                 break
@@ -334,21 +346,15 @@ class AgentLoop:
         dispatched without a new yes."""
         asked = state.asked_again
         assert asked is not None
-        self._record(state, ev.StepStart(route=self._route()))
+        rows.step_start(self.store, self._at(state), self._route())
         state.step_open = True
         ref = UnitRef(self.conversation, state.turn, 0, 0)
         call = ToolCall(call_id(ref, 0), asked.tool, json.dumps(asked.arguments, ensure_ascii=False))
         self._record(state, ev.AssistantMessage(message_id=ref.message_id, content=[], origin="asked-again",
                                                 tool_calls=[call.to_openai()]))
-        for e in self.store.events(None, types={ev.APPROVAL_REQUESTED}):
-            if isinstance(e.body, ev.ApprovalRequested) and e.body.approval_id == asked.approval_id:
-                state.asked_again_ago = ago(time.time() - e.at_wall)
-                self.store.record(e.conversation, ev.ApprovalAnswered(
-                    approval_id=asked.approval_id, decision=WITHDRAWN, how="restart"), turn=e.turn, step=e.step,
-                    attempt=e.attempt)
-                break
+        self._withdraw_restarted(state, asked)
         await self._run_tools(state, [call])
-        self._record(state, ev.StepEnd(outcome="tool_calls"))
+        rows.step_end(self.store, self._at(state), "tool_calls")
         state.step_open = False
 
     async def _request_with_retries(self, state: _TurnState) -> BlockAssembler | None:
@@ -379,7 +385,7 @@ class AgentLoop:
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt)
         assembler = BlockAssembler()
         state.streaming = _Streaming(ref, assembler)
-        self._record(state, ev.AssistantStream.start(self._route()))
+        rows.stream_start(self.store, self._at(state), self._route())
         self.surface.open(ref)
         schemas = self.tools.schemas()
         history = derive_history(self.store, self.conversation, budget=self._history_budget(schemas, state.shrink),
@@ -408,9 +414,9 @@ class AgentLoop:
             assembler.note_error(str(exc))
             assembler.close()
             self.surface.discard(ref, "error")
-            self._record(state, ev.AssistantAttempt(reason="error", **self._stream_fields(ref, assembler)))
-            self._record(state, ev.AssistantStream.end_failed(str(exc)))
-            self._record(state, ev.RequestError(message=str(exc), status=exc.status, retryable=exc.retryable))
+            rows.attempt(self.store, self._at(state), "error", **self._stream_fields(ref, assembler))
+            rows.stream_failed(self.store, self._at(state), str(exc))
+            rows.request_failed(self.store, self._at(state), str(exc), exc.status, exc.retryable)
             state.streaming = None
             raise
         finally:
@@ -423,11 +429,11 @@ class AgentLoop:
             state.held_text = "".join(b.text for b in assembler.blocks[gate:] if b.type == TEXT)
             record["content"] = [b.to_json() for b in assembler.blocks[:gate] if b.type in (TEXT, REASONING) and b.text.strip()]
         if not record["content"] and not calls:
-            self._record(state, ev.AssistantAttempt(reason="empty", **record))
+            rows.attempt(self.store, self._at(state), "empty", **record)
         else:
             self._record(state, ev.AssistantMessage(tool_calls=[c.to_openai() for c in calls], **record))
             state.playing.append(ref)
-        self._record(state, ev.AssistantStream.end(assembler.finish_reason))
+        rows.stream_end(self.store, self._at(state), assembler.finish_reason)
         state.streaming = None
         return assembler
 
@@ -538,85 +544,20 @@ class AgentLoop:
 
     async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool,
                        args: dict[str, Any]) -> ev.ToolResult | None:
-        """Ask the person before dispatching (voice.agent.approvals): None
-        once a grant is recorded, else the result that says why not. A
-        cancel (a barge-in, a stop, a shutdown) withdraws the question."""
+        """Ask the person before dispatching (voice.agent.asking): None once
+        a grant is recorded, else the result that says why not."""
         why_not = tool.unavailable() if tool.unavailable is not None else None
         if why_not:  # nothing to ask about: it could not be sent anyway
             return ev.ToolResult.failed(call.id, call.name, why_not)
-        approvals: Approvals | None = self.tool_env.services.get("approvals")
-        origin = tool.origin or call.name
-        question = approval_question(tool.title or call.name, tool.source, args)
-        again = state.asked_again.approval_id if state.asked_again is not None and state.step == 0 else UNSET
-        if again is not UNSET:
-            question = f"Before I stopped, {state.asked_again_ago}, I was asking you this. " + question
-        self._record(state, ev.ApprovalRequested(approval_id=call.id, tool=call.name, server=tool.source,
-                                                 title=tool.title, arguments=args, question=question,
-                                                 asked_again=again))
-        try:
-            answer = await self._answer(state, call, tool, args, question, approvals, origin)
-        except anyio.get_cancelled_exc_class():
-            self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=WITHDRAWN, how="stopped"))
-            raise
-        self._record(state, ev.ApprovalAnswered(approval_id=call.id, decision=answer.decision, how=answer.how,
-                                                words=answer.words, always=answer.always))
-        said = answer_notice(answer, tool.source_id or tool.source, origin)
-        if answer.always and approvals is not None and answer.how != "always":
-            try:
-                approvals.grants.add(tool.source_id or tool.source, origin, allow=answer.decision == GRANTED)
-            except GrantsError as exc:  # the answer still counts, once
-                said = f"I couldn't remember that for next time: {exc}"
-        if said and getattr(self.surface, "answers_questions", False):
-            await self.surface.notice(said)
+        answer = await self._ask_person(state, call, tool, args)
         if answer.decision == GRANTED:
             return None
         return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)
 
-    async def _answer(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any], question: str,
-                      approvals: Approvals | None, origin: str) -> Answer:
-        """The person's answer: a remembered one, the client's own dialog
-        (ACP), or their next words after the question."""
-        try:
-            if approvals is not None and approvals.grants.allows(tool.source_id or tool.source, origin):
-                return Answer(GRANTED, "always")
-            if approvals is not None and approvals.grants.refuses(tool.source_id or tool.source, origin):
-                return Answer(DENIED, "always")
-        except GrantsError:
-            pass  # an unreadable grants file grants nothing: the person is asked
-        ask_client = getattr(self.surface, "ask_permission", None)
-        if ask_client is not None:
-            return await ask_client(call, tool, args, question)
-        if approvals is None or not getattr(self.surface, "answers_questions", False):
-            return Answer(DENIED, "unavailable")
-        pending = Pending(call.id, self.conversation, state.turn, question)
-        self.waiting_for_person = True
-        try:
-            await self.surface.notice(question)
-            return await self._wait_answer(approvals, pending)
-        finally:
-            self.waiting_for_person = False
-
-    async def _wait_answer(self, approvals: Approvals, pending: Pending) -> Answer:
-        """A spoken answer is routed to `approvals` by the voice session; a
-        surface that reads its answers itself (the terminal) is read here."""
-        read = getattr(self.surface, "read_answer", None)
-        if read is None:
-            return await approvals.wait(pending)
-        async with anyio.create_task_group() as tg:
-            async def typed() -> None:
-                words = await read()  # None: the input ended, which declines
-                approvals.answer(words, how="text" if words is not None else "ended",
-                                 conversation=pending.conversation)
-
-            tg.start_soon(typed)
-            answer = await approvals.wait(pending)
-            tg.cancel_scope.cancel()
-        return answer
-
     def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
         if write:
-            self._record(state, ev.EffectReceipt(tool_call_id=call.id, name=call.name, phase="dispatch", state=outcome,
-                                                 evidence=evidence))
+            record_receipt(self.store, self.conversation, call.id, call.name, "dispatch", outcome, evidence,
+                           turn=state.turn, step=state.step, attempt=state.attempt)
 
     async def _blocked_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any],
                               ctx: ToolContext) -> ev.ToolResult | None:
@@ -667,8 +608,8 @@ class AgentLoop:
                 return False  # nothing to say yet: the model answers from the results
         else:
             if held.strip():
-                self._record(state, ev.AssistantAttempt(message_id=ref.message_id, reason="withheld",
-                                                        content=[{"type": "text", "text": held}], receipts=writes))
+                rows.attempt(self.store, self._at(state), "withheld", message_id=ref.message_id,
+                             content=[{"type": "text", "text": held}], receipts=writes)
             if not writes or not held.strip():
                 return False  # nothing was claimed, so nothing needs correcting
             text = ("I couldn't confirm that it worked." if ev.UNKNOWN in writes
@@ -709,20 +650,19 @@ class AgentLoop:
                 record = {**self._stream_fields(ref, assembler), "content": content}
                 self._record(state, ev.AssistantMessage(interrupted=True, surfaceOp="append", **record))
             else:
-                self._record(state, ev.AssistantAttempt(reason="aborted", **self._stream_fields(ref, assembler)))
-            self._record(state, ev.AssistantStream.end_stopped())
+                rows.attempt(self.store, self._at(state), "aborted", **self._stream_fields(ref, assembler))
+            rows.stream_stopped(self.store, self._at(state))
             state.streaming = None
         if self.surface.tracks_playback:
             for ref in state.playing:
                 self._played(state, ref, self.surface.delivered(ref))
         state.playing.clear()
         for call in state.pending_calls:
-            result = ev.ToolResult.not_dispatched(call.id, call.name)
-            self._record(state, result)
+            result = record_unfinished_call(self.store, self._at(state), call.id, call.name, dispatched=False)
             await self._tool_state(call, "failed", result)
         state.pending_calls.clear()
         if state.step_open:
-            self._record(state, ev.StepEnd(outcome=outcome))
+            rows.step_end(self.store, self._at(state), outcome)
             state.step_open = False
         self.store.end_turn(self.conversation, state.turn, outcome)
 
@@ -731,6 +671,9 @@ class AgentLoop:
     def _route(self) -> dict[str, Any]:
         r = self.provider.route
         return {"provider": r.provider, "model": r.model, "base_url": r.base_url}
+
+    def _at(self, state: _TurnState) -> Place:
+        return Place(self.conversation, state.turn, state.step, state.attempt)
 
     def _record(self, state: _TurnState, body: ev.Body) -> None:
         self.store.record(self.conversation, body, turn=state.turn, step=state.step, attempt=state.attempt)

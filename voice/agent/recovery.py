@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from voice.agent.effects import effects, reconcile_one
+from voice.agent import turn_rows as rows
+from voice.agent.effects import effects, reconcile_one, record_receipt
+from voice.agent.loop import record_unfinished_call
+from voice.agent.turn_rows import Place
 from voice.agent.tools import ToolRegistry
 from voice.log import events as ev
 from voice.log.store import EventStore
@@ -47,8 +50,8 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
             if e.step is not None:
                 last["step"], last["attempt"] = e.step, e.attempt
 
-        def add(body: ev.Body, step=None, attempt=None) -> None:
-            store.record(conversation, body, turn=turn, step=step, attempt=attempt)
+        def at(step=None, attempt=None) -> Place:
+            return Place(conversation, turn, step, attempt)
 
         open_streams = {}
         for e in events:
@@ -62,9 +65,9 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
                 open_streams[key] = False  # committed, only the end frame is missing
         for (step, attempt), uncommitted in open_streams.items():
             if uncommitted:
-                add(ev.AssistantAttempt(message_id=f"{turn}.{step}.{attempt}", reason="crashed", content=[], stream=[]),
-                    step, attempt)
-            add(ev.AssistantStream.end_stopped("crashed"), step, attempt)
+                rows.attempt(store, at(step, attempt), "crashed", message_id=f"{turn}.{step}.{attempt}", content=[],
+                             stream=[])
+            rows.stream_stopped(store, at(step, attempt), "crashed")
 
         def key(e) -> tuple[int | None, str]:
             return e.step, e.body.tool_call_id
@@ -80,20 +83,21 @@ def close_open_turns(store: EventStore) -> list[tuple[str, int]]:
             call_id, name = e.body.tool_call_id, e.body.name
             d = dispatched.get(key(e))
             if d is None:
-                add(ev.ToolResult.not_dispatched(call_id, name), e.step, e.attempt)
+                record_unfinished_call(store, at(e.step, e.attempt), call_id, name, dispatched=False)
                 continue
             write = d.effect == "write"
             receipt = receipts.get(key(e))
             if write and receipt is None:
                 receipt = ev.UNKNOWN
-                add(ev.EffectReceipt(tool_call_id=call_id, name=name, phase="dispatch", state=ev.UNKNOWN,
-                                     evidence={"crashed": "the process stopped between dispatch and receipt"}),
-                    e.step, e.attempt)
-            add(ev.ToolResult.recovered_after_crash(call_id, name, receipt if write else None), e.step, e.attempt)
+                record_receipt(store, conversation, call_id, name, "dispatch", ev.UNKNOWN,
+                               {"crashed": "the process stopped between dispatch and receipt"},
+                               turn=turn, step=e.step, attempt=e.attempt)
+            record_unfinished_call(store, at(e.step, e.attempt), call_id, name, dispatched=True,
+                                   receipt=receipt if write else None)
         starts = sum(1 for e in events if e.type == ev.STEP_START)
         ends = sum(1 for e in events if e.type == ev.STEP_END)
         if starts > ends:
-            add(ev.StepEnd(outcome=ev.INTERRUPTED), last.get("step"), last.get("attempt"))
+            rows.step_end(store, at(last.get("step"), last.get("attempt")), ev.INTERRUPTED)
         if store.end_turn(conversation, turn, ev.INTERRUPTED, reason="restart"):
             closed.append((conversation, turn))
     return closed
@@ -112,7 +116,6 @@ async def recover(store: EventStore, tools: ToolRegistry, tool_env) -> RecoveryR
                 report.reconciled += 1
     if report.closed_turns or report.unknown_writes:
         conversation = report.closed_turns[0][0] if report.closed_turns else (store.latest_conversation() or "")
-        store.record(conversation, ev.RuntimeRecovery(closed_turns=[t for _, t in report.closed_turns],
-                                                      unknown_writes=report.unknown_writes,
-                                                      reconciled=report.reconciled))
+        store.record_recovery(conversation, closed_turns=[t for _, t in report.closed_turns],
+                              unknown_writes=report.unknown_writes, reconciled=report.reconciled)
     return report

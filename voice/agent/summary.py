@@ -23,6 +23,8 @@ from typing import Any
 
 import anyio
 
+from voice.agent import turn_rows as rows
+from voice.agent.turn_rows import Place
 from voice.agent.providers.base import ModelRequest, Provider, ProviderError, TextDelta
 from voice.log import events as ev
 from voice.log.projections import message_line
@@ -102,10 +104,9 @@ async def summarize(store: EventStore, provider: Provider, conversation: str, tu
             if isinstance(delta, TextDelta):
                 text.append(delta.text)
     except ProviderError as exc:
-        store.record(conversation, ev.AssistantAttempt(message_id=f"summary_{turn}", content=[], route=route,
-                                                       reason="error"), turn=turn, step=SUMMARY_STEP, attempt=0)
-        store.record(conversation, ev.RequestError(message=str(exc), status=exc.status, retryable=exc.retryable),
-                     turn=turn, step=SUMMARY_STEP, attempt=0)
+        at = Place(conversation, turn, SUMMARY_STEP, 0)
+        rows.attempt(store, at, "error", message_id=f"summary_{turn}", content=[], route=route)
+        rows.request_failed(store, at, str(exc), exc.status, exc.retryable)
         return None
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):

@@ -139,9 +139,9 @@ class EventStore:
     `DURABLE_TYPES` waits for its fsync, a few milliseconds).
 
     Writers record typed bodies: `record(conversation, body, turn=, step=,
-    attempt=)`. `append(conversation, type, payload, ...)` is the older,
-    untyped path, kept until every writer records bodies. Every committed
-    row is also handed to the store's subscribers (`subscribe()`)."""
+    attempt=)`, the one recording path (each body is built by one writer
+    module, tests/test_architecture.py). Every committed row is also handed
+    to the store's subscribers (`subscribe()`)."""
 
     def __init__(self, path: str | Path, *, read_only: bool = False):
         """`read_only`: for commands that only read (history, show, trace,
@@ -235,22 +235,12 @@ class EventStore:
         self.feed.publish(event)
         return event
 
-    def append(
-        self,
-        conversation: str,
-        type: str,
-        payload: dict[str, Any] | None = None,
-        *,
-        turn: int | None = None,
-        step: int | None = None,
-        attempt: int | None = None,
-    ) -> Event:
-        """The untyped path (deprecated): `record` a body instead."""
-        if type not in EVENT_TYPES:
-            raise ValueError(f"unknown event type {type!r}")
-        event = self._insert(conversation, type, payload or {}, turn, step, attempt)
-        self.feed.publish(event)
-        return event
+    def record_recovery(self, conversation: str, **what: Any) -> Event:
+        """The one writer of `runtime/recovery` (the fields of
+        `RuntimeRecovery`): what start-up recovery closed or reconciled. (What
+        a damaged log lost is written by `_open`, here too, before the store
+        is open.)"""
+        return self.record(conversation, RuntimeRecovery(**what))
 
     def _insert(self, conversation: str, type: str, payload: dict[str, Any], turn: int | None, step: int | None,
                 attempt: int | None) -> Event:

@@ -26,6 +26,7 @@ from num2words import num2words
 
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome
 from voice.log import events as ev
+from voice.log.late import record_late
 from voice.log.store import EventStore
 
 MAX_SECONDS = 7 * 24 * 3600
@@ -126,7 +127,7 @@ class TimerService:
 
     async def _fire(self, timer: Timer, late: bool) -> None:
         if timer.timer_id not in {t.timer_id for t in self.active()}:  # cancelled meanwhile: no authority
-            self.store.record(timer.conversation, ev.LateOutput(kind="timer", timer_id=timer.timer_id))
+            record_late(self.store, timer.conversation, "timer", timer_id=timer.timer_id)
             return
         if late:
             ago = max(0, round(self.clock() - timer.due_wall))
