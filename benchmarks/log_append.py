@@ -1,4 +1,4 @@
-"""The cost of the durable log: one EventStore.append (WAL), median and p95
+"""The cost of the durable log: one EventStore.record (WAL), median and p95
 microseconds, for ordinary events (synchronous=NORMAL: no fsync) and for
 the events an effect depends on (`DURABLE_TYPES`, synchronous=FULL: the WAL
 is fsync'd before the append returns, e.g. `tool/dispatch` before the tool
@@ -78,6 +78,11 @@ def _stats(times: list[float], unit: str) -> dict:
             f"{unit}_p99": float(np.percentile(a, 99)), f"{unit}_max": float(a.max())}
 
 
+def record(store: EventStore, conversation: str, type_: str, payload: dict, **at) -> None:
+    """One row through the store's one recording path, as its body."""
+    store.record(conversation, ev.BODIES[type_].from_payload(payload), **at)
+
+
 def measure_appends(folder: Path, n: int) -> dict:
     store = EventStore(folder / "appends.db")
     try:
@@ -85,22 +90,22 @@ def measure_appends(folder: Path, n: int) -> dict:
         sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[store._db.execute("PRAGMA synchronous").fetchone()[0]]
         for i in range(50):  # warm up
             t, p = payloads(i)
-            store.append("c-warm", t, p, turn=1, step=0, attempt=0)
+            record(store, "c-warm", t, p, turn=1, step=0, attempt=0)
         plain, durable, turns = [], [], []
         for i in range(n):
             t, p = payloads(i)
             t0 = time.perf_counter()
-            store.append("c-bench", t, p, turn=1 + i // 4, step=0, attempt=0)
+            record(store, "c-bench", t, p, turn=1 + i // 4, step=0, attempt=0)
             plain.append((time.perf_counter() - t0) * 1e6)
             t0 = time.perf_counter()
-            store.append("c-bench", ev.TOOL_DISPATCH, dispatch(i), turn=1 + i // 4, step=0, attempt=0)
+            record(store, "c-bench", ev.TOOL_DISPATCH, dispatch(i), turn=1 + i // 4, step=0, attempt=0)
             durable.append((time.perf_counter() - t0) * 1e6)
         for i in range(max(20, n // 20)):
             turn = store.start_turn("c-turns", {"source": "voice"})
             t0 = time.perf_counter()
             for t, p in turn_with_a_write(turn):
                 step = None if t == ev.TURN_END else 0
-                store.append("c-turns", t, p, turn=turn, step=step, attempt=step)
+                record(store, "c-turns", t, p, turn=turn, step=step, attempt=step)
             turns.append((time.perf_counter() - t0) * 1e3)
     finally:
         store.close()

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.anyio
 def write_a_turn(store: EventStore, conversation: str = "c-a") -> int:
     turn = store.start_turn(conversation, ev.TurnStart(source="text"))
     store.record(conversation, ev.UserMessage(content="hi"), turn=turn)
-    store.append(conversation, ev.STEP_START, {}, turn=turn, step=0, attempt=0)  # the untyped path too
+    # (was the untyped `append`, removed in #25: `record` is the one recording path)
+    store.record(conversation, ev.StepStart(), turn=turn, step=0, attempt=0)
     store.end_turn(conversation, turn, ev.COMPLETED)
     return turn
 

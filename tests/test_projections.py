@@ -83,11 +83,12 @@ def test_speech_played_amends_a_completed_message(store):
     """Voice: the stream completed, then the person cut the speech. The
     amendment (not a rewrite) makes history hold only what was heard."""
     turn = store.start_turn("c1", {"source": "voice"})
-    store.append("c1", ev.USER_MESSAGE, {"content": "tell me"}, turn=turn)
-    store.append("c1", ev.ASSISTANT_MESSAGE, {"message_id": f"{turn}.0.0", "content": [
-        {"type": "text", "text": "Alpha beta gamma. Delta epsilon."}]}, turn=turn, step=0, attempt=0)
-    store.append("c1", ev.SPEECH_PLAYED, {"message_id": f"{turn}.0.0", "chars": 16, "words": 3,
-                                          "samples": 30000, "complete": False}, turn=turn, step=0, attempt=0)
+    # (rows recorded as bodies: the untyped `append` these used is gone, #25)
+    store.record("c1", ev.UserMessage(content="tell me"), turn=turn)
+    store.record("c1", ev.AssistantMessage(message_id=f"{turn}.0.0", content=[
+        {"type": "text", "text": "Alpha beta gamma. Delta epsilon."}]), turn=turn, step=0, attempt=0)
+    store.record("c1", ev.SpeechPlayed(message_id=f"{turn}.0.0", chars=16, words=3, samples=30000, complete=False),
+                 turn=turn, step=0, attempt=0)
     store.end_turn("c1", turn, ev.ABORTED)
     assert derive_messages(store, "c1")[-1] == {"role": "assistant", "content": "Alpha beta gamma", "interrupted": True}
     assert chat_view(store, "c1")[-1] == "assistant: Alpha beta gamma [stopped]"
@@ -97,9 +98,9 @@ def test_speech_played_amends_a_completed_message(store):
 
 def test_speech_played_with_nothing_heard_drops_the_message(store):
     turn = store.start_turn("c1", {"source": "voice"})
-    store.append("c1", ev.USER_MESSAGE, {"content": "tell me"}, turn=turn)
-    store.append("c1", ev.ASSISTANT_MESSAGE, {"message_id": f"{turn}.0.0", "content": [
-        {"type": "text", "text": "Alpha beta."}]}, turn=turn, step=0, attempt=0)
-    store.append("c1", ev.SPEECH_PLAYED, {"message_id": f"{turn}.0.0", "chars": 0, "words": 0,
-                                          "samples": 0, "complete": False}, turn=turn, step=0, attempt=0)
+    store.record("c1", ev.UserMessage(content="tell me"), turn=turn)
+    store.record("c1", ev.AssistantMessage(message_id=f"{turn}.0.0", content=[
+        {"type": "text", "text": "Alpha beta."}]), turn=turn, step=0, attempt=0)
+    store.record("c1", ev.SpeechPlayed(message_id=f"{turn}.0.0", chars=0, words=0, samples=0, complete=False),
+                 turn=turn, step=0, attempt=0)
     assert derive_messages(store, "c1") == [{"role": "user", "content": "tell me"}]

@@ -271,14 +271,16 @@ async def test_reconcile_resolves_an_unknown_note_without_writing_it_again(store
     # A crash after the write reached the file but before the receipt.
     (tmp_path / "data").mkdir()
     turn = store.start_turn("c-test", {"source": "text"})
-    store.append("c-test", ev.USER_MESSAGE, {"content": "note buy milk"}, turn=turn)
-    store.append("c-test", ev.STEP_START, {}, turn=turn, step=0, attempt=0)
-    store.append("c-test", ev.ASSISTANT_MESSAGE, {"message_id": f"{turn}.0.0", "content": [], "tool_calls": [
-        {"id": "call_x", "type": "function", "function": {"name": "add_note", "arguments": '{"text": "buy milk"}'}}]},
-        turn=turn, step=0, attempt=0)
-    store.append("c-test", ev.TOOL_CALL, {"tool_call_id": "call_x", "name": "add_note"}, turn=turn, step=0, attempt=0)
-    store.append("c-test", ev.TOOL_DISPATCH, {"tool_call_id": "call_x", "name": "add_note", "effect": "write",
-                                             "arguments": {"text": "buy milk"}}, turn=turn, step=0, attempt=0)
+    # (rows recorded as bodies: the untyped `append` these used is gone, #25)
+    at = {"turn": turn, "step": 0, "attempt": 0}
+    store.record("c-test", ev.UserMessage(content="note buy milk"), turn=turn)
+    store.record("c-test", ev.StepStart(), **at)
+    store.record("c-test", ev.AssistantMessage(message_id=f"{turn}.0.0", content=[], tool_calls=[
+        {"id": "call_x", "type": "function", "function": {"name": "add_note", "arguments": '{"text": "buy milk"}'}}]),
+        **at)
+    store.record("c-test", ev.ToolCalled(tool_call_id="call_x", name="add_note"), **at)
+    store.record("c-test", ev.ToolDispatched(tool_call_id="call_x", name="add_note", effect="write",
+                                             arguments={"text": "buy milk"}), **at)
     # the note reached the file after the dispatch (a line is stamped when it is written)
     (tmp_path / "data" / "notes.txt").write_text(f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S}\tbuy milk\n")
     env = ToolEnv(data_dir=tmp_path / "data")
