@@ -92,6 +92,12 @@ class Body:
                 given.add(name)
         self.__dict__["_given"] = frozenset(given)  # (not a field: equality ignores it)
 
+    def given(self, name: str) -> bool:
+        """Whether the field `name` is in the row: always for a plain field;
+        for an `optional()` one, whether its writer gave it (null included)."""
+        optional_ = dict(_shape(type(self)).fields)[name]
+        return not optional_ or name in self.__dict__["_given"]
+
     def payload(self) -> dict[str, Any]:
         given = self.__dict__["_given"]
         return {name: getattr(self, name) for name, optional_ in _shape(type(self)).fields
@@ -644,11 +650,11 @@ def parse(event: Event) -> Body:
 
 
 def check_readable(events: list[Event]) -> None:
-    """Parse every row's body now: for a reader that goes on to use raw
-    payloads (or copies rows), so a row damaged outside voice is said in one
-    line before anything is drawn or written."""
+    """Parse every row's body now (kept on the row, `event.body`): so a row
+    damaged outside voice is said in one line before anything is drawn or
+    written, not halfway through."""
     for event in events:
-        parse(event)
+        event.body  # (parsed once: kept on the row for the reader)
 
 
 # -- the type strings, for filters and older call sites ----------------------

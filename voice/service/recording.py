@@ -124,22 +124,24 @@ def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list
         key = (e.turn, e.step, e.attempt)
         if e.type == ev.AUDIO_CLOCK:
             clocks.append(e)
-        elif e.type == ev.ASSISTANT_STREAM and e.payload.get("frame") == "start":
+        elif e.type == ev.ASSISTANT_STREAM and e.body.frame == "start":
             started[key] = e.at_mono
         if e.turn not in turns or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
             continue
-        stream = e.payload.get("stream")
+        body: ev.AssistantMessage | ev.AssistantAttempt = e.body
+        stream = body.stream
         if stream is None or key in seen:  # our own phrases (receipts) have no stream: not the model's
             continue
         seen.add(key)
         reply = _reply(stream)
-        if e.payload.get("tool_calls"):  # the calls as the message recorded them (complete; a cut stream has none)
+        calls = body.tool_calls if isinstance(body, ev.AssistantMessage) else None
+        if calls:  # the calls as the message recorded them (complete; a cut stream has none)
             reply["tool_calls"] = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                                   for c in e.payload["tool_calls"]]
+                                   for c in calls]
         if key in started and clocks:  # the device clock of that moment: the latest anchor before it
             anchor = clocks[-1]
             first = started[key] + reply["first_delay_ms"] / 1000
-            reply["at_s"] = round(anchor.payload["mic"] / MIC_RATE + first - anchor.at_mono - track_start_s, 3)
+            reply["at_s"] = round(anchor.body.mic / MIC_RATE + first - anchor.at_mono - track_start_s, 3)
             reply["first_delay_ms"] = 0.0
         replies.append(reply)
     return replies
@@ -181,13 +183,13 @@ def _plays(events: list[Event], turns: list[int], track_start_s: float) -> list[
     """(message id as the replay will number it, sentence, second on the
     track) where each sentence began playing. A replay numbers its turns from 1."""
     ordinal = {turn: n for n, turn in enumerate(turns, 1)}
-    rate = next((e.payload["speaker_rate"] for e in reversed(events) if e.type == ev.AUDIO_CLOCK), MIC_RATE)
+    rate = next((e.body.speaker_rate for e in reversed(events) if e.type == ev.AUDIO_CLOCK), MIC_RATE)
     plays = []
     for e in events:
-        if e.type == ev.SPEECH_SENTENCE and e.turn in ordinal and e.payload["start"] is not None:
-            _, rest = e.payload["message_id"].split(".", 1)
-            plays.append((f"{ordinal[e.turn]}.{rest}", e.payload["index"],
-                          round(e.payload["start"] / rate - track_start_s, 4)))
+        if e.type == ev.SPEECH_SENTENCE and e.turn in ordinal and e.body.start is not None:
+            sentence: ev.SpeechSentence = e.body
+            _, rest = sentence.message_id.split(".", 1)
+            plays.append((f"{ordinal[e.turn]}.{rest}", sentence.index, round(sentence.start / rate - track_start_s, 4)))
     return plays
 
 
@@ -202,23 +204,24 @@ def _tools(events: list[Event], turns: set[int]) -> list[dict[str, Any]]:
         if e.turn not in turns or e.type not in (ev.TOOL_DISPATCH, ev.TOOL_RESULT, ev.EFFECT_RECEIPT,
                                                   ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED):
             continue
-        p = e.payload
-        if e.type in (ev.APPROVAL_REQUESTED, ev.APPROVAL_ANSWERED):
+        b = e.body
+        if isinstance(b, (ev.ApprovalRequested, ev.ApprovalAnswered)):
             # Asked first in the session: asked in the replay too (a remembered grant asked nothing).
-            call = calls.setdefault(p["approval_id"], {"name": p.get("tool", "")})
-            call["asked"] = call.get("asked", True) and p.get("how") != "always"
+            call = calls.setdefault(b.approval_id, {"name": b.tool if isinstance(b, ev.ApprovalRequested) else ""})
+            call["asked"] = call.get("asked", True) and not (isinstance(b, ev.ApprovalAnswered) and b.how == "always")
             continue
-        call = calls.setdefault(p["tool_call_id"], {"name": p["name"]})
-        if e.type == ev.TOOL_DISPATCH:
-            call["effect"], call["dispatched"] = p.get("effect") or "read", e.at_mono
-        elif e.type == ev.EFFECT_RECEIPT and p.get("phase", "dispatch") == "dispatch":
-            call["receipt"] = p["state"]
-        elif e.type == ev.TOOL_RESULT and "dispatched" in call:
-            content = p.get("content", p.get("error", ""))
+        call = calls.setdefault(b.tool_call_id, {"name": b.name})
+        if isinstance(b, ev.ToolDispatched):
+            call["effect"], call["dispatched"] = b.effect or "read", e.at_mono
+        elif isinstance(b, ev.EffectReceipt) and b.phase == "dispatch":
+            call["receipt"] = b.state
+        elif isinstance(b, ev.ToolResult) and "dispatched" in call:
+            # what the model saw: its content, else its error, as written (a null included)
+            content = b.content if b.given("content") else b.error if b.given("error") else ""
             call["result"] = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
             call["wait_s"] = round(max(0.0, e.at_mono - call["dispatched"]), 3)
-            if p.get("phrase"):
-                call["phrase"] = p["phrase"]
+            if b.phrase:
+                call["phrase"] = b.phrase
     out = []
     for call in calls.values():
         if "result" not in call and not call.get("asked"):

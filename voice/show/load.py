@@ -138,7 +138,7 @@ def from_log(store: EventStore, conversation: str, turn: int, *, mic: Waveform |
     """`summary` is the turn's entry of a replay's summary.json, used only for
     what the log lacks (and then named in the timeline's `gaps`)."""
     events = store.events(conversation)
-    ev.check_readable(events)  # the drawing reads payloads as they are
+    ev.check_readable(events)  # every body parsed now: a damaged row is said before anything is drawn
     mine = [e for e in events if e.turn == turn]
     if not mine:
         raise UsageError(f"turn {turn} is not in conversation {conversation}")
@@ -165,8 +165,8 @@ class _Builder:
         self.events, self.mine, self.summary = events, mine, summary
         self.gaps: list[str] = []
         clocks = [e for e in events if e.type == AUDIO_CLOCK]
-        self.speaker_rate = clocks[-1].payload.get("speaker_rate", MIC_RATE) if clocks else MIC_RATE
-        self.clock = _Clock([(e.at_mono, e.payload["mic"] / MIC_RATE) for e in clocks]) if clocks else None
+        self.speaker_rate = clocks[-1].body.speaker_rate if clocks else MIC_RATE
+        self.clock = _Clock([(e.at_mono, e.body.mic / MIC_RATE) for e in clocks]) if clocks else None
 
     def of_type(self, *types: str, turn_only: bool = True) -> list[Event]:
         return [e for e in (self.mine if turn_only else self.events) if e.type in types]
@@ -230,13 +230,13 @@ class _Builder:
         user = next(iter(self.of_type(ev.USER_MESSAGE)), None)
         if user is None:
             return None, None
-        text = user.payload.get("content", "")
-        audio = user.payload.get("audio")
+        said: ev.UserMessage = user.body
+        text, audio = said.content, said.audio
         if audio is not None:
             stt_ms = audio.get("stt_ms")
             return (Utterance(text, audio["start"] / MIC_RATE, audio["end"] / MIC_RATE),
                     stt_ms / 1000 if stt_ms is not None else None)
-        if user.payload.get("source") != "voice":
+        if said.source != "voice":
             return Utterance(text), None  # typed: nothing was heard
         s = self.summary
         if "user_start_s" in s:
@@ -275,15 +275,15 @@ class _Builder:
             self.gaps.append("speech regions, wake word and the end-of-turn wait: the log has no "
                              "listen/speech or listen/wake events")
             return [], None
-        spans = [Span(e.payload["start"] / MIC_RATE, e.payload["end"] / MIC_RATE) for e in regions]
+        spans = [Span(e.body.start / MIC_RATE, e.body.end / MIC_RATE) for e in regions]
         speech_end = None
         if utterance is not None and utterance.start_s is not None:
-            own = min(regions, key=lambda e: abs(e.payload["start"] / MIC_RATE - utterance.start_s))
-            speech_end = own.payload["end"] / MIC_RATE
+            own = min(regions, key=lambda e: abs(e.body.start / MIC_RATE - utterance.start_s))
+            speech_end = own.body.end / MIC_RATE
         return spans, speech_end
 
     def _wake(self, utterance: Utterance | None) -> float | None:
-        wakes = [e.payload["position"] / MIC_RATE for e in self.of_type(LISTEN_WAKE, turn_only=False)]
+        wakes = [e.body.position / MIC_RATE for e in self.of_type(LISTEN_WAKE, turn_only=False)]
         if utterance is None or utterance.end_s is None:
             return None
         before = [w for w in wakes if w <= utterance.end_s]
@@ -296,16 +296,16 @@ class _Builder:
         the turn that may have been spoken, in order."""
         out = []
         for e in self.of_type(ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
-            if e.type == ev.ASSISTANT_ATTEMPT and e.payload.get("reason") != "aborted":
+            if e.type == ev.ASSISTANT_ATTEMPT and e.body.reason != "aborted":
                 continue  # a failed attempt: its queued speech was dropped, nothing of it is the reply
-            text = "".join(d for _, kind, d in e.payload.get("stream", []) if kind == "text")
-            out.append((e.payload.get("message_id", ""), text))
+            text = "".join(d for _, kind, d in e.body.stream or [] if kind == "text")
+            out.append((e.body.message_id, text))
         return out
 
     def _pause_intervals(self) -> list[tuple[int, int | None]]:
         """(paused at, resumed at) speaker positions: output held in between."""
-        pauses = sorted(e.payload["at"] for e in self.of_type(ev.SPEECH_PAUSED) if "at" in e.payload)
-        resumes = sorted(e.payload["at"] for e in self.of_type(ev.SPEECH_RESUMED) if "at" in e.payload)
+        pauses = sorted(e.body.at for e in self.of_type(ev.SPEECH_PAUSED) if e.body.at is not None)
+        resumes = sorted(e.body.at for e in self.of_type(ev.SPEECH_RESUMED) if e.body.at is not None)
         out = []
         for p in pauses:
             r = next((r for r in resumes if r >= p), None)
@@ -313,9 +313,9 @@ class _Builder:
         return out
 
     def _words(self, messages: list[tuple[str, str]], pauses: list[tuple[int, int | None]]) -> list[ReplyWord]:
-        sentences: dict[str, list[dict[str, Any]]] = {}
+        sentences: dict[str, list[ev.SpeechSentence]] = {}
         for e in self.of_type(SPEECH_SENTENCE):
-            sentences.setdefault(e.payload["message_id"], []).append(e.payload)
+            sentences.setdefault(e.body.message_id, []).append(e.body)
         if not sentences:
             if any(text.strip() for _, text in messages):
                 self.gaps.append("word play times: the log has no speech/sentence events; the reply is shown "
@@ -323,19 +323,19 @@ class _Builder:
             return []
         words: list[ReplyWord] = []
         for message_id, text in messages:
-            ordered = sorted(sentences.get(message_id, []), key=lambda s: s["index"])
-            timed = [(s, w) for s in ordered for w in s["words"]]
+            ordered = sorted(sentences.get(message_id, []), key=lambda s: s.index)
+            timed = [(s, w) for s in ordered for w in s.words]
             for m in re.finditer(r"\S+", text):
                 hit = next(((s, w) for s, w in timed if w[0] < m.end() and w[1] > m.start()), None)
                 words.append(self._word(m.group(), hit, pauses))
         return words
 
-    def _word(self, text: str, hit: tuple[dict[str, Any], list[int]] | None,
+    def _word(self, text: str, hit: tuple[ev.SpeechSentence, list[int]] | None,
               pauses: list[tuple[int, int | None]]) -> ReplyWord:
         if hit is None:
             return ReplyWord(text, "unsaid")
         sentence, (_, _, w_start, w_end) = hit
-        start, handed = sentence["start"], sentence["handed"]
+        start, handed = sentence.start, sentence.handed
         if start is None or handed <= w_start:
             return ReplyWord(text, "queued")
         state = "heard" if w_end <= handed else "cut"
@@ -344,7 +344,7 @@ class _Builder:
         return ReplyWord(text, state, at, until)
 
     def _first_audio(self) -> float | None:
-        starts = [s["start"] for s in (e.payload for e in self.of_type(SPEECH_SENTENCE)) if s["start"] is not None]
+        starts = [s.start for s in (e.body for e in self.of_type(SPEECH_SENTENCE)) if s.start is not None]
         if starts:
             return self.speaker_s(min(starts))
         return self.summary.get("speech_start_s")
@@ -353,10 +353,10 @@ class _Builder:
         if self.clock is None:
             return None
         starts = {(e.step, e.attempt): e.at_mono for e in self.of_type(ev.ASSISTANT_STREAM)
-                  if e.payload.get("frame") == "start"}
+                  if e.body.frame == "start"}
         for e in self.of_type(ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
             begun = starts.get((e.step, e.attempt))
-            offsets = [offset for offset, kind, d in e.payload.get("stream", []) if kind == "text" and d.strip()]
+            offsets = [offset for offset, kind, d in e.body.stream or [] if kind == "text" and d.strip()]
             if begun is not None and offsets:
                 return self.clock.at(begun + offsets[0] / 1000)
         return None
@@ -366,29 +366,27 @@ class _Builder:
     def _marks(self) -> list[BargeInMark]:
         marks: list[BargeInMark] = []
         paused = self.of_type(ev.SPEECH_PAUSED)
-        untimed = [e for e in paused if "at" not in e.payload]
+        untimed = [e for e in paused if e.body.at is None]
         for e in paused:
-            if "at" in e.payload:
-                marks.append(BargeInMark("pause", self.speaker_s(e.payload["at"]), e.payload["onset"] / MIC_RATE))
+            if e.body.at is not None:
+                marks.append(BargeInMark("pause", self.speaker_s(e.body.at), e.body.onset / MIC_RATE))
         if untimed and self.summary.get("stop_s") is not None:
             # summary.json's stop_s: where the output stopped after the onset of
             # the barge-in that ended the turn (the last pause)
-            marks.append(BargeInMark("pause", self.summary["stop_s"], untimed.pop().payload["onset"] / MIC_RATE))
+            marks.append(BargeInMark("pause", self.summary["stop_s"], untimed.pop().body.onset / MIC_RATE))
             self.gaps.append("barge-in: the last pause's time is from summary.json (speech/paused has no \"at\")")
         if untimed:
             self.gaps.append(f"barge-in: {len(untimed)} pause(s) not placed (speech/paused has no \"at\"); "
                              "their speech onsets were at " + ", ".join(
-                                 f"{e.payload['onset'] / MIC_RATE:.2f} s" for e in untimed))
+                                 f"{e.body.onset / MIC_RATE:.2f} s" for e in untimed))
         for e in self.of_type(ev.SPEECH_RESUMED):
-            if "at" in e.payload:
-                marks.append(BargeInMark("resume", self.speaker_s(e.payload["at"]), e.payload["onset"] / MIC_RATE,
-                                         e.payload.get("reason")))
+            if e.body.at is not None:
+                marks.append(BargeInMark("resume", self.speaker_s(e.body.at), e.body.onset / MIC_RATE, e.body.reason))
         for e in self.of_type(SPEECH_CONFIRMED):
-            marks.append(BargeInMark("confirm", e.payload["at"] / MIC_RATE, e.payload["onset"] / MIC_RATE,
-                                     e.payload.get("reason")))
+            marks.append(BargeInMark("confirm", e.body.at / MIC_RATE, e.body.onset / MIC_RATE, e.body.reason))
         for e in self.of_type(SPEECH_CLEARED):
-            onset = e.payload.get("onset")
-            marks.append(BargeInMark("clear", self.speaker_s(e.payload["at"]),
+            onset = e.body.onset
+            marks.append(BargeInMark("clear", self.speaker_s(e.body.at),
                                      onset / MIC_RATE if onset is not None else None))
         if paused and not self.of_type(SPEECH_CONFIRMED, SPEECH_CLEARED):
             self.gaps.append("barge-in: the confirm and the clear (cut) are not in the log "
@@ -400,18 +398,19 @@ class _Builder:
     def _tools(self) -> list[ToolMark]:
         calls: dict[str, dict[str, Any]] = {}
         for e in self.of_type(ev.TOOL_CALL, ev.TOOL_DISPATCH, ev.TOOL_RESULT, ev.EFFECT_RECEIPT):
-            call = calls.setdefault(e.payload["tool_call_id"], {"name": e.payload.get("name", "?")})
+            body = e.body
+            call = calls.setdefault(body.tool_call_id, {"name": body.name or "?"})
             at = self.clock.at(e.at_mono) if self.clock is not None else None
-            if e.type == ev.TOOL_CALL:
-                call["arguments"] = e.payload.get("arguments", "")
-            elif e.type == ev.TOOL_DISPATCH:
+            if isinstance(body, ev.ToolCalled):
+                call["arguments"] = body.arguments
+            elif isinstance(body, ev.ToolDispatched):
                 call["dispatch_s"] = at
-                call.setdefault("arguments", json.dumps(e.payload.get("arguments", {})))
-            elif e.type == ev.TOOL_RESULT:
-                call["result_s"], call["status"] = at, e.payload.get("status")
-                call.setdefault("receipt", e.payload.get("receipt"))
-            elif e.payload.get("phase", "dispatch") == "dispatch":
-                call["receipt"] = e.payload.get("state")
+                call.setdefault("arguments", json.dumps(body.arguments))
+            elif isinstance(body, ev.ToolResult):
+                call["result_s"], call["status"] = at, body.status
+                call.setdefault("receipt", body.receipt)
+            elif body.phase == "dispatch":
+                call["receipt"] = body.state
         return [ToolMark(c["name"], c.get("arguments", ""), c.get("dispatch_s"), c.get("result_s"),
                          c.get("status"), c.get("receipt")) for c in calls.values()]
 
