@@ -20,18 +20,16 @@ closed `interrupted` instead of `aborted`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
 from typing import Any
-
-from pathlib import Path
 
 import anyio
 
-from voice.agent.approvals import GRANTED
+from voice.agent import turn_rows as rows
 from voice.agent.asking import AskingFirst
-from voice.agent.effects import effects, reconcile_one, record_receipt
+from voice.agent.blocks import REASONING, TEXT, BlockAssembler, ToolCall
+from voice.agent.calls import RunningCalls, record_unfinished_call
+from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
 from voice.agent.preempt import EarlyStart
-from voice.agent.blocks import BlockAssembler, Block, ToolCall, REASONING, TEXT
 from voice.agent.providers.base import (
     ModelRequest,
     Provider,
@@ -43,122 +41,21 @@ from voice.agent.providers.base import (
 from voice.agent.summary import due as summary_due
 from voice.agent.summary import summarize, summarizes
 from voice.agent.surface import Delivered, Surface, UnitRef
-from voice.agent import turn_rows as rows
+from voice.agent.tools import ToolRegistry
 from voice.agent.turn_rows import Place
-from voice.agent.tools import ToolError, ToolRegistry
-from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
+from voice.agent.turn_state import TurnResult, _own_ids, _Streaming, _truncate, _TurnState, call_id
 from voice.log import events as ev
 from voice.log.projections import derive_history, provider_messages
-from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens
 from voice.log.store import EventStore
-from voice.paths import data_dir
+
+# What the loop is given and what a turn holds live in their own modules
+# (loop_settings, turn_state), its tool calls and questions in calls and
+# asking; these names are imported from here too.
+__all__ = ["AgentLoop", "LoopSettings", "ToolEnv", "TurnResult", "history_budget", "call_id",
+           "record_unfinished_call", "_TurnState"]
 
 
-@dataclass
-class LoopSettings:
-    system_prompt: str = ""
-    retries: int = 1  # extra attempts after a retryable provider error
-    retry_backoff_s: float = 0.5
-    max_steps: int = 8
-    stop_bound_s: float = 2.0  # shielded clean-up after a cancel
-    # The context budget (voice.log.window): a request's messages and tool
-    # schemas stay within context_tokens - reply_tokens.
-    context_tokens: int = 4096
-    reply_tokens: int = 512
-    count_tokens: TokenCounter = estimate_tokens
-
-
-@dataclass
-class ToolEnv:
-    """What tools get to know and use, beyond their arguments."""
-
-    data_dir: Path = field(default_factory=data_dir)
-    commands: dict[str, list[str]] = field(default_factory=dict)
-    kill_after_s: float = 2.0
-    services: dict[str, Any] = field(default_factory=dict)
-    command_env: dict[str, str] = field(default_factory=dict)  # see voice.runtime.command_environment
-
-    def context(self, conversation: str, turn: int, tool_call_id: str) -> ToolContext:
-        return ToolContext(conversation, turn, tool_call_id, self.data_dir, self.commands, max(0.0, self.kill_after_s),
-                           self.services, self.command_env)
-
-
-@dataclass
-class _Streaming:
-    ref: UnitRef
-    assembler: BlockAssembler
-
-
-@dataclass
-class _TurnState:
-    turn: int
-    step: int = 0
-    attempt: int = 0
-    step_open: bool = False
-    streaming: _Streaming | None = None
-    # Committed messages whose delivery may still be under way (voice).
-    playing: list[UnitRef] = field(default_factory=list)
-    pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
-    held_text: str = ""  # streamed after a write call; waits for its receipt
-    shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
-    early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
-    asked_again: ev.ApprovalRequested | None = None  # a question a restart left unanswered (voice.agent.approvals)
-    asked_again_ago: str = ""  # how long ago it was first asked, in words
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    turn: int
-    outcome: str  # completed | aborted | interrupted | error
-
-
-def call_id(ref: UnitRef, index: int) -> str:
-    """Our id for the `index`-th tool call of a committed message: unique in
-    the log for its whole life, because the turn id is (docs/ARCHITECTURE.md), whatever
-    ids the provider sends ("call_0" in every request, "skill_1" in every
-    process, none at all). Letters, digits and "_" only: providers accept it
-    when history goes back to them."""
-    return f"call_{ref.turn}_{ref.step}_{ref.attempt}_{index}"
-
-
-def _own_ids(ref: UnitRef, calls: list[ToolCall]) -> list[ToolCall]:
-    return [replace(c, id=call_id(ref, n)) for n, c in enumerate(calls)]
-
-
-def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]:
-    """Keep of each text/reasoning block what the surface delivered."""
-    budget = {TEXT: delivered.text_chars, REASONING: delivered.reasoning_chars}
-    out = []
-    for b in blocks:
-        take = min(len(b.text), budget[b.type])
-        budget[b.type] -= take
-        piece = b.text[:take]
-        if piece.strip():
-            out.append({"type": b.type, "text": piece})
-    return out
-
-
-def record_unfinished_call(store: EventStore, place: Place, call_id: str, name: str, *, dispatched: bool,
-                           receipt: str | None = None) -> ev.ToolResult:
-    """The one result of a call its turn never finished: not dispatched (a
-    stop, a shutdown, a crash before it ran), or dispatched and then the
-    process died (start-up recovery: what its receipt proves, never more).
-    The loop is the writer of tool results; recovery closes a crashed turn's
-    calls through here."""
-    result = (ev.ToolResult.recovered_after_crash(call_id, name, receipt) if dispatched
-              else ev.ToolResult.not_dispatched(call_id, name))
-    rows.record(store, place, result)
-    return result
-
-
-def history_budget(s: LoopSettings, schemas: list[dict[str, Any]]) -> int:
-    """Tokens left for the conversation once the system prompt, the tool
-    schemas and the reply's reserve are counted."""
-    fixed = message_tokens({"content": s.system_prompt}, s.count_tokens) + tools_tokens(schemas, s.count_tokens)
-    return max(0, s.context_tokens - s.reply_tokens - fixed)
-
-
-class AgentLoop(AskingFirst):
+class AgentLoop(RunningCalls, AskingFirst):
     def __init__(
         self,
         store: EventStore,
@@ -441,152 +338,6 @@ class AgentLoop(AskingFirst):
         """What an assistant message or attempt records of its stream."""
         return {"message_id": ref.message_id, "content": assembler.content_blocks(), "route": self._route(),
                 "finish_reason": assembler.finish_reason, "stream": assembler.timed_stream}
-
-    # -- tools -------------------------------------------------------------
-
-    async def _run_tools(self, state: _TurnState, calls: list[ToolCall]) -> bool:
-        """Run the step's calls in order. True when the writes were confirmed
-        and said so (the model's held completion, or the tools' phrases)."""
-        state.pending_calls = list(calls)
-        for call in calls:
-            self._record(state, ev.ToolCalled(tool_call_id=call.id, name=call.name, arguments=call.arguments_json,
-                                              provider_id=call.provider_id))
-        for call in calls:
-            await self._tool_state(call, "pending")
-        receipts: list[str] = []
-        phrases: list[str] = []
-        while state.pending_calls:
-            call = state.pending_calls.pop(0)
-            known, result = await self._run_tool(state, call)
-            receipts.append(known)
-            if known == ev.CONFIRMED and result.phrase:
-                phrases.append(result.phrase)
-        return await self._release_held(state, receipts, phrases)
-
-    async def _run_tool(self, state: _TurnState, call: ToolCall) -> tuple[str, ev.ToolResult]:
-        """Run one call and record its one `tool/result`. Returns, with the
-        result, what is known of the call's effect for the held completion:
-        confirmed | failed | unknown, "" for a read."""
-        tool = self.tools.get(call.name)
-        write = tool is not None and tool.effect == "write"
-        result: ev.ToolResult | None = None
-        dispatched = False
-        try:
-            if tool is None:
-                result, known = ev.ToolResult.failed(call.id, call.name, f"no tool named {call.name!r}"), ev.FAILED
-                return known, result
-            try:
-                args = call.arguments()
-            except ValueError as exc:
-                result = ev.ToolResult.failed(call.id, call.name, str(exc))
-                return (ev.FAILED if write else ""), result
-            ctx = self.tool_env.context(self.conversation, state.turn, call.id)
-            if write and (result := await self._blocked_repeat(state, call, args, ctx)) is not None:
-                return ev.UNKNOWN, result
-            if tool.ask_first and (result := await self._approve(state, call, tool, args)) is not None:
-                return "", result  # declined: nothing ran, nothing was claimed
-            self._record(state, ev.ToolDispatched(tool_call_id=call.id, name=call.name, effect=tool.effect,
-                                                  arguments=args))
-            dispatched = True
-            await self._tool_state(call, "in_progress")
-            known, result = await self._dispatch(state, call, tool, args, ctx)
-            return known, result
-        except anyio.get_cancelled_exc_class():
-            if not dispatched:  # (stopped while an earlier write was being looked up)
-                result = ev.ToolResult.not_dispatched(call.id, call.name)
-            else:  # a started call produces its real result: stopped, and a write's effect unknown
-                self._receipt(state, call, ev.UNKNOWN, {"cancelled": "stopped between dispatch and receipt"}, write)
-                result = ev.ToolResult.stopped(call.id, call.name, ev.UNKNOWN if write else None)
-            raise
-        finally:
-            if result is not None:
-                self._record(state, result)
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await self._tool_state(call, "completed" if result.status == "ok" and result.receipt != ev.FAILED
-                                           else "failed", result)
-
-    async def _dispatch(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
-                        ctx: ToolContext) -> tuple[str, ev.ToolResult]:
-        """Run a dispatched call; records a write's receipt. Returns what is
-        known of its effect ("" for a read) and its result."""
-        write = tool.effect == "write"
-        try:
-            with anyio.fail_after(tool.timeout_s):
-                out = await tool.run(args, ctx)
-        except ToolError as exc:  # refused before any effect
-            self._receipt(state, call, ev.FAILED, {"refused": str(exc)}, write)
-            return (ev.FAILED if write else ""), ev.ToolResult.failed(call.id, call.name, str(exc))
-        except TimeoutError:
-            self._receipt(state, call, ev.UNKNOWN, {"timeout_s": tool.timeout_s}, write)
-            unknown = ev.UNKNOWN if write else None
-            return unknown or "", ev.ToolResult.failed(call.id, call.name, f"timed out after {tool.timeout_s} s", unknown)
-        except Exception as exc:  # a tool bug must not end the conversation; the model sees the error
-            self._receipt(state, call, ev.UNKNOWN, {"error": repr(exc)}, write)
-            unknown = ev.UNKNOWN if write else None
-            return unknown or "", ev.ToolResult.failed(call.id, call.name, f"the tool failed: {exc}", unknown)
-        outcome = out if isinstance(out, ToolOutcome) else ToolOutcome(out)
-        receipt = outcome.receipt
-        if write and receipt is None:
-            receipt = Receipt(ev.UNKNOWN, {"reason": "the tool returned no receipt"})
-        if write:
-            self._receipt(state, call, receipt.state, receipt.evidence, True)
-        known = receipt.state if receipt else None
-        return known or "", ev.ToolResult.ok(call.id, call.name, outcome.content, known, outcome.phrase)
-
-    async def _tool_state(self, call: ToolCall, status: str, result: ev.ToolResult | None = None) -> None:
-        """Tell a surface that shows tool calls (ACP) where one stands:
-        pending (the model made it), in_progress (dispatched), completed or
-        failed, with what the model saw of its result."""
-        show = getattr(self.surface, "tool_state", None)
-        if show is not None:
-            tool = self.tools.get(call.name)
-            await show(call, tool, status, result)
-
-    async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool,
-                       args: dict[str, Any]) -> ev.ToolResult | None:
-        """Ask the person before dispatching (voice.agent.asking): None once
-        a grant is recorded, else the result that says why not."""
-        why_not = tool.unavailable() if tool.unavailable is not None else None
-        if why_not:  # nothing to ask about: it could not be sent anyway
-            return ev.ToolResult.failed(call.id, call.name, why_not)
-        answer = await self._ask_person(state, call, tool, args)
-        if answer.decision == GRANTED:
-            return None
-        return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)
-
-    def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
-        if write:
-            record_receipt(self.store, self.conversation, call.id, call.name, "dispatch", outcome, evidence,
-                           turn=state.turn, step=state.step, attempt=state.attempt)
-
-    async def _blocked_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any],
-                              ctx: ToolContext) -> ev.ToolResult | None:
-        """I9: a write identical to an earlier one is not run again when the
-        earlier one's outcome is still unknown (reconcile() may resolve it
-        first), or when it did happen but its turn never completed (a crash,
-        a stop): the person may not have heard it was done, and a retry would
-        do it twice. The latter blocks once: after the person has been told,
-        asking again is a new request. Returns the `blocked` result, or None
-        when the call may run."""
-        earlier = [e for e in effects(self.store, self.conversation) if e.tool == call.name and e.arguments == args]
-        if not earlier:
-            return None
-        ended = {e.turn: e.body.outcome for e in self.store.events(self.conversation, types={ev.TURN_END})}
-        told = {(e.body.blocked_turn, e.body.blocked_by)  # results of this step are not read yet
-                for e in self.store.events(self.conversation, types={ev.TOOL_RESULT})
-                if e.body.status == ev.BLOCKED and (e.turn, e.step) != (state.turn, state.step)}
-        for effect in earlier:
-            if effect.outcome == ev.UNKNOWN:
-                tool = self.tools.get(call.name)
-                if tool is not None and tool.reconcile is not None:
-                    effect = await reconcile_one(self.store, effect, tool, ctx)
-            blocking = effect.outcome == ev.UNKNOWN or (
-                effect.outcome == ev.CONFIRMED and ended.get(effect.turn) != ev.COMPLETED
-                and (effect.turn, effect.tool_call_id) not in told)
-            if blocking:
-                return ev.ToolResult.blocked(call.id, call.name, earlier=effect.outcome, blocked_by=effect.tool_call_id,
-                                             blocked_turn=effect.turn, this_turn=state.turn)
-        return None
 
     async def _release_held(self, state: _TurnState, receipts: list[str], phrases: list[str]) -> bool:
         """Text the model streamed after a write call plays only once every

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from voice.agent import turn_rows as rows
 from voice.agent.effects import effects, reconcile_one, record_receipt
-from voice.agent.loop import record_unfinished_call
+from voice.agent.calls import record_unfinished_call
 from voice.agent.turn_rows import Place
 from voice.agent.tools import ToolRegistry
 from voice.log import events as ev

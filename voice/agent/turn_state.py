@@ -1,0 +1,68 @@
+"""What a running turn of `AgentLoop` holds (its step, attempt, the stream
+in flight, what still plays, the calls not yet dispatched), what it returns,
+and the ids it gives tool calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from voice.agent.blocks import REASONING, TEXT, Block, BlockAssembler, ToolCall
+from voice.agent.preempt import EarlyStart
+from voice.agent.surface import Delivered, UnitRef
+from voice.log import events as ev
+
+
+@dataclass
+class _Streaming:
+    ref: UnitRef
+    assembler: BlockAssembler
+
+
+@dataclass
+class _TurnState:
+    turn: int
+    step: int = 0
+    attempt: int = 0
+    step_open: bool = False
+    streaming: _Streaming | None = None
+    # Committed messages whose delivery may still be under way (voice).
+    playing: list[UnitRef] = field(default_factory=list)
+    pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
+    held_text: str = ""  # streamed after a write call; waits for its receipt
+    shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
+    early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
+    asked_again: ev.ApprovalRequested | None = None  # a question a restart left unanswered (voice.agent.approvals)
+    asked_again_ago: str = ""  # how long ago it was first asked, in words
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    turn: int
+    outcome: str  # completed | aborted | interrupted | error
+
+
+def call_id(ref: UnitRef, index: int) -> str:
+    """Our id for the `index`-th tool call of a committed message: unique in
+    the log for its whole life, because the turn id is (docs/ARCHITECTURE.md), whatever
+    ids the provider sends ("call_0" in every request, "skill_1" in every
+    process, none at all). Letters, digits and "_" only: providers accept it
+    when history goes back to them."""
+    return f"call_{ref.turn}_{ref.step}_{ref.attempt}_{index}"
+
+
+def _own_ids(ref: UnitRef, calls: list[ToolCall]) -> list[ToolCall]:
+    return [replace(c, id=call_id(ref, n)) for n, c in enumerate(calls)]
+
+
+def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]:
+    """Keep of each text/reasoning block what the surface delivered."""
+    budget = {TEXT: delivered.text_chars, REASONING: delivered.reasoning_chars}
+    out = []
+    for b in blocks:
+        take = min(len(b.text), budget[b.type])
+        budget[b.type] -= take
+        piece = b.text[:take]
+        if piece.strip():
+            out.append({"type": b.type, "text": piece})
+    return out
