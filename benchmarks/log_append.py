@@ -163,7 +163,7 @@ def main() -> int:
     args = p.parse_args()
     r = measure(args.n, args.open_events, args.dir)
     for kind, s in (("ordinary", r), ("durable", r["durable"])):
-        print(f"EventStore.append, synchronous={s['synchronous']} ({kind}), {r['n']} appends in {r['dir']}: median "
+        print(f"EventStore.record, synchronous={s['synchronous']} ({kind}), {r['n']} appends in {r['dir']}: median "
               f"{s['append_us_p50']:.0f} µs, p95 {s['append_us_p95']:.0f} µs, p99 {s['append_us_p99']:.0f} µs, "
               f"max {s['append_us_max']:.0f} µs")
     t = r["turn_with_a_write"]
