@@ -188,7 +188,7 @@ class EventStore(EventQueries):
         # most an ordinary speech/*, listen/* or audio/clock row); a turn
         # commits one (its turn/end) plus one per read call and two per write
         # (dispatch, receipt): a turn with a write, 13 rows and 3 fsyncs, 2.0 ms
-        # p95 in all. Well under a 10 ms mic block, so no worker thread: it
+        # p95 in all. Well under a 20 ms mic block, so no worker thread: it
         # would cost a thread hop per row and make every writer await.
         if durable:  # this commit fsyncs the WAL: it and everything before it survive an OS crash
             self._db.execute("PRAGMA synchronous=FULL")
