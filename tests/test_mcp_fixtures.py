@@ -196,7 +196,9 @@ async def test_the_sdk_client_kills_a_server_that_ignores_sigterm_when_it_closes
             closing = time.monotonic()
     took = time.monotonic() - closing
     assert not process_is_running(server_pid(journal))
-    assert 3.5 < took < 6.0, f"closing took {took:.1f} s"
+    # Not before the SDK's two 2 s waits (it did wait before the SIGKILL). No upper bound: the SDK's
+    # 6 s at most is a speed claim a loaded machine breaks; fail_after(TEST_LIMIT_S) is the hang deadline.
+    assert took > 3.5, f"closing took {took:.1f} s"
 
 
 # ------------------------------------------------------------------ late server

@@ -8,7 +8,6 @@ import asyncio
 import json
 import socket
 import struct
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
+from autojump import on_autojump
 from voice.agent.providers.base import (
     Finish,
     ModelRequest,
@@ -300,13 +300,14 @@ async def test_http_error_status(status: int, reason: str, body: Any, retryable:
 
 
 @pytest.mark.parametrize("how", ["fin", "rst"])
+@on_autojump  # the 0.3 s before the reset passes only once the loop is idle: the client has read both chunks
 async def test_disconnect_mid_stream(how: str) -> None:
     async def handler(conn: Conn) -> None:
         await conn.start_sse()
         await conn.send(chunk({"role": "assistant", "content": "One"}))
         await conn.send(chunk({"content": " two"}))
         if how == "rst":
-            await asyncio.sleep(0.3)  # let the client read the two chunks before the reset
+            await asyncio.sleep(0.3)  # virtual: let the client read the two chunks before the reset
             sock = conn.writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.writer.close()  # no terminating chunk, no [DONE], no finish reason
@@ -433,17 +434,19 @@ async def test_check_reachable_accepts_any_http_answer(status: int) -> None:
     assert [(r.method, r.path) for r in server.requests] == [("GET", "/v1/models")]
 
 
+@on_autojump  # the two seconds of silence on the virtual clock: measured there, load cannot stretch them
 async def test_check_reachable_gives_up_after_two_seconds_of_silence() -> None:
     async def handler(conn: Conn) -> None:
         await asyncio.sleep(30)  # accepts, never answers
 
     async with FakeServer(handler) as server:
         provider = OpenAICompatibleProvider(server.base_url, MODEL, timeout_s=30)
-        started = time.monotonic()
+        started = anyio.current_time()  # the loop's clock, which the client's timeouts run on
         with anyio.fail_after(6), pytest.raises(ProviderError) as caught:
             await provider.check_reachable()
-        elapsed = time.monotonic() - started
+        elapsed = anyio.current_time() - started
         await provider.aclose()
+    assert [(r.method, r.path) for r in server.requests] == [("GET", "/v1/models")]  # it was silence, not a refusal
     assert 1.5 < elapsed < 4
     assert server.base_url in str(caught.value)
 
@@ -458,17 +461,18 @@ def _held_open(server_box: list[FakeServer]) -> Handler:
     return handler
 
 
+@on_autojump  # "promptly" measured on the loop's virtual clock, which load cannot stretch
 async def test_cancelling_the_consumer_ends_promptly_and_closes_the_connection() -> None:
     box: list[FakeServer] = []
     async with FakeServer(_held_open(box)) as server:
         box.append(server)
         provider = OpenAICompatibleProvider(server.base_url, MODEL, timeout_s=30)
         out: list[Any] = []
-        started = time.monotonic()
+        started = anyio.current_time()
         with anyio.move_on_after(0.5) as scope:
             async for delta in provider.stream(ModelRequest(messages=MESSAGES)):
                 out.append(delta)
-        elapsed = time.monotonic() - started
+        elapsed = anyio.current_time() - started
 
         assert scope.cancelled_caught  # cancellation propagated, not turned into an error
         assert out == [TextDelta("Thinking")]

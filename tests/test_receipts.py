@@ -10,6 +10,7 @@ import io
 import anyio
 import pytest
 
+from autojump import on_autojump, virtual_wall
 from conftest import printed_reply, run_and_cancel_when, scripted
 from voice.agent.effects import effects
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
@@ -312,45 +313,49 @@ async def test_recovery_never_revives_a_stopped_turn(store, tmp_path):
 # -- timers ----------------------------------------------------------------------
 
 
+@on_autojump  # the timer's second passes on the virtual clock: no real waiting
 async def test_a_timer_announces_itself_when_due(store, tmp_path):
     said = []
+    announced = anyio.Event()
 
     async def announce(text):
         said.append(text)
+        announced.set()
 
-    timers = TimerService(store, announce)
+    timers = TimerService(store, announce, clock=virtual_wall())
     provider = ScriptedWithTrailingText([("set_timer", {"seconds": 1})], "Done, your timer is set.")
     agent, out = agent_with(store, provider, tmp_path, timers=timers)
     async with anyio.create_task_group() as tg:
         tg.start_soon(timers.run)
         await agent.run_turn("timer one second")
-        with anyio.fail_after(5):
-            while not said:
-                await anyio.sleep(0.02)
+        with anyio.fail_after(5):  # virtual seconds: a deadline for a hang
+            await announced.wait()
         tg.cancel_scope.cancel()
     assert said == ["Your one second timer is done."]
     assert "Done, your timer is set." in out.getvalue()
     assert timers.active() == []
 
 
+@on_autojump  # was 1.5 s of real sleeping; the same waits now cost no real time
 async def test_a_cancelled_timer_never_speaks(store, tmp_path):
     said = []
 
     async def announce(text):
         said.append(text)
 
-    timers = TimerService(store, announce)
+    timers = TimerService(store, announce, clock=virtual_wall())
     timer, _ = timers.set(1, "tea", "c-test", None, None)
     async with anyio.create_task_group() as tg:
         tg.start_soon(timers.run)
-        await anyio.sleep(0.2)
+        await anyio.sleep(0.2)  # virtual: the service is waiting for the due time
         assert timers.cancel("tea", "c-test", None) == timer
-        await anyio.sleep(1.3)
+        await anyio.sleep(1.3)  # virtual: past the cancelled timer's due time
         tg.cancel_scope.cancel()
     assert said == []
     assert not [e for e in store.events() if e.type == ev.TIMER_FIRED]
 
 
+@on_autojump  # the restarts' short waits cost no real time
 async def test_a_timer_due_while_down_is_announced_once_as_late(store):
     said = []
 
@@ -365,7 +370,7 @@ async def test_a_timer_due_while_down_is_announced_once_as_late(store):
         restarted = TimerService(store, announce, clock=lambda: clock[0])
         async with anyio.create_task_group() as tg:
             tg.start_soon(restarted.run)
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # virtual: the restarted service has read the log and gone idle
             tg.cancel_scope.cancel()
     assert said == ["Your one minute timer went off nine minutes ago, while I was not running."]
     (fired,) = [e for e in store.events() if e.type == ev.TIMER_FIRED]
@@ -375,6 +380,7 @@ async def test_a_timer_due_while_down_is_announced_once_as_late(store):
 # -- one terminal outcome --------------------------------------------------------
 
 
+@on_autojump  # the stream's chunk delays and the stop's delay on one virtual clock: a loaded machine cannot skew the race
 async def test_a_stop_racing_completion_yields_one_outcome(store, tmp_path):
     import random
 

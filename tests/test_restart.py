@@ -43,6 +43,21 @@ def wait_for(condition, timeout=20.0):
         time.sleep(0.02)
 
 
+def running_with(text: str) -> list[int]:
+    """Live processes whose command line mentions `text` (a zombie has ended)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            running = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZXx"
+            if running and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
 def read_log(tmp_path: Path):
     store = EventStore(tmp_path / "events.db")
     try:
@@ -90,7 +105,8 @@ def test_kill_during_a_write_leaves_it_unknown_and_never_runs_it_twice(tmp_path,
     assert [(e.turn, e.payload["outcome"]) for e in ends] == [(1, ev.INTERRUPTED)]
     receipts = [e.payload for e in after if e.type == ev.EFFECT_RECEIPT]
     assert [(r["state"], r["phase"]) for r in receipts] == [("unknown", "dispatch")]
-    time.sleep(3.5)  # the orphaned job finishes; nothing ran it again
+    wait_for(lambda: not running_with(str(mark)))  # the orphaned job has finished (was 3.5 s of sleeping)
+    # nothing ran it again:
     assert mark.read_text() == "ran\n"
     assert json.loads(voice(tmp_path, "effects", "--json").stdout)[0]["state"] == "unknown"
 

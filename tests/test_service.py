@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from autojump import on_autojump
 from output_lines import OutputLines
 from voice.log import events as ev
 from voice.log.store import EventStore
@@ -115,9 +116,11 @@ def test_lifecycle_notifies_and_sigterm_mid_reply_closes_the_turn(tmp_path):
     d.pump(lambda: any(e.type == ev.ASSISTANT_MESSAGE for e in d.events()))
     time.sleep(1.5)
     d.pump(lambda: d.messages.count("WATCHDOG=1") >= 2)
-    elapsed = d.stop()
-    assert d.proc.returncode == 0
-    assert elapsed < 5.0, f"shutdown took {elapsed:.1f} s"
+    elapsed = d.stop()  # stop() waits at most 20 s: the deadline for a hang
+    assert d.proc.returncode == 0, f"shutdown took {elapsed:.1f} s"
+    # Was also `elapsed < 5.0` (service.shutdown_s): a speed claim a loaded machine breaks; the
+    # daemon bounds its own shutdown by that (voice/speech/session.py), and the exit status and
+    # the one interrupted turn below are what it must reach within it.
     order = [m for m in d.messages if m in ("READY=1", "WATCHDOG=1", "STOPPING=1")]
     assert order[0] == "READY=1" and order[-1] == "STOPPING=1" and "WATCHDOG=1" in order[1:-1]
     events = d.events()
@@ -130,6 +133,7 @@ def test_lifecycle_notifies_and_sigterm_mid_reply_closes_the_turn(tmp_path):
 
 
 @pytest.mark.anyio
+@on_autojump  # 20 ms keep-alive intervals on the virtual clock: a loaded machine cannot skew the count
 async def test_no_watchdog_when_the_pipeline_stalls():
     """The heartbeat is the pipeline's progress, not the process's life."""
     import anyio
@@ -367,6 +371,7 @@ def test_doctor_names_each_problem_and_its_fix(tmp_path):
         assert "audio_server.py" in mic and "pipewire-alsa" in mic and "[audio] input" in mic
 
 
+@pytest.mark.timeout(30)  # a blocking send would hang here: the deadline for that, not a speed claim
 def test_notify_never_blocks_when_systemd_does_not_read(tmp_path, monkeypatch):
     from voice.service.notify import notify
 
@@ -374,8 +379,8 @@ def test_notify_never_blocks_when_systemd_does_not_read(tmp_path, monkeypatch):
     receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     receiver.bind(path)
     monkeypatch.setenv("NOTIFY_SOCKET", path)
-    started = time.monotonic()
+    # Was also "the 2,000 sends took under 2 s": what shows it never blocks is that, once the
+    # queue is full, a send returns False at once instead of waiting for room.
     sent = [notify("WATCHDOG=1") for _ in range(2000)]  # far more than the socket queue holds
-    assert time.monotonic() - started < 2.0
     assert sent[0] is True and sent[-1] is False
     receiver.close()

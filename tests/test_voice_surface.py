@@ -7,6 +7,7 @@ import anyio
 import numpy as np
 import pytest
 
+from autojump import on_autojump
 from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
 from voice.speech.voice_surface import Sentence, VoiceSurface
@@ -228,6 +229,7 @@ async def pull_every_5ms(buf: PlaybackBuffer) -> None:
 
 
 @pytest.mark.anyio
+@on_autojump  # the simulated device pulls every 5 ms of virtual time: load cannot starve it
 async def test_stop_freezes_delivered_at_what_was_handed():
     surface, buf, rec = make_surface(latency=160)
     await spoken_unit(surface, rec, close=False)
@@ -245,7 +247,7 @@ async def test_stop_freezes_delivered_at_what_was_handed():
         assert frozen == Delivered(19, words=3, samples=3100, complete=False)
         assert UNIT_TEXT[: frozen.text_chars] == "First point. Second"
         assert surface.is_current(REF) is False
-        await anyio.sleep(0.05)  # the device keeps pulling silence
+        await anyio.sleep(0.05)  # virtual: the device keeps pulling silence
         tg.cancel_scope.cancel()
     assert buf.position > 3100
     assert surface.delivered(REF) == frozen
@@ -266,6 +268,7 @@ async def test_stop_freezes_delivered_at_what_was_handed():
 
 
 @pytest.mark.anyio
+@on_autojump  # the 0.5 s give-up passes on the virtual clock
 async def test_stop_without_a_device_gives_up_after_a_bounded_wait():
     surface, buf, rec = make_surface()
     await spoken_unit(surface, rec)
@@ -276,6 +279,7 @@ async def test_stop_without_a_device_gives_up_after_a_bounded_wait():
 
 
 @pytest.mark.anyio
+@on_autojump  # the simulated device on the virtual clock
 async def test_new_unit_after_stop_plays_normally():
     surface, buf, rec = make_surface()
     await spoken_unit(surface, rec)
@@ -319,6 +323,7 @@ async def test_discard_makes_the_unit_not_current():
 
 
 @pytest.mark.anyio
+@on_autojump  # the simulated device on the virtual clock: its ~0.3 s cost no real time
 async def test_wait_delivered_returns_once_everything_played():
     surface, buf, rec = make_surface()
     await spoken_unit(surface, rec)
@@ -332,6 +337,7 @@ async def test_wait_delivered_returns_once_everything_played():
 
 
 @pytest.mark.anyio
+@on_autojump  # the 0.1 s and the bound below on the loop's virtual clock
 async def test_wait_delivered_is_cancellable():
     surface, buf, rec = make_surface()
     await spoken_unit(surface, rec)
