@@ -94,8 +94,12 @@ class ListenEvents(Protocol):
     def utterance_ended(self, onset: int) -> None: ...
     def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
     async def user_text(self, frame: UserTextFrame) -> None: ...
+
+
+class LateSink(Protocol):
+    """Where synthesis reports speech that came too late (voice.speech.speech_log)."""
+
     def late(self, kind: str, ref, info: dict) -> None: ...
-    def log_speech(self, body: Body, turn: int | None) -> None: ...
 
 
 class ListenProcessor(FrameProcessor):
@@ -112,8 +116,10 @@ class ListenProcessor(FrameProcessor):
 
     def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
                  wake=None, gate=None, stt: SttEngine | None = None, turn_end: TurnEndSettings | None = None,
-                 stop_phrases: tuple[str, ...] = (), report_ignored: bool = False):
+                 stop_phrases: tuple[str, ...] = (), report_ignored: bool = False,
+                 log: Callable[[Body, int | None], None] = lambda body, turn: None):
         super().__init__(name="listen")
+        self._log = log  # listen/speech and listen/wake (voice.speech.speech_log)
         # -v: speech without the wake word is reported, so the VAD listens even where only the wake word must
         self._report_ignored = report_ignored
         # Without an STT engine (tests of the VAD alone) nothing is speculated.
@@ -175,7 +181,7 @@ class ListenProcessor(FrameProcessor):
         sound = self._sound.update(audio, self.position + n)
         if self._wake is not None and self._wake_word_in(audio, sound):
             self._wake_at = self.position + n
-            self._events.log_speech(ListenWake(position=self._wake_at, model=self._wake.model), None)
+            self._log(ListenWake(position=self._wake_at, model=self._wake.model), None)
             self.gate.on_wake(self._wake_at / MIC_RATE)
             self._events.woke()
         state = await self._vad_state(audio, n, sound)
@@ -215,7 +221,7 @@ class ListenProcessor(FrameProcessor):
             self._utterance = bytearray()
             await self.push_frame(UserStoppedSpeakingFrame())
             audio_bytes = self._for_assistant(speech, end)
-            self._events.log_speech(ListenSpeech(start=self._onset, end=max(self._onset, self._voiced_end),
+            self._log(ListenSpeech(start=self._onset, end=max(self._onset, self._voiced_end),
                                                  decided=end, for_assistant=audio_bytes is not None), None)
             if audio_bytes is not None:
                 self._events.utterance_ended(self._onset)  # its words are on their way
@@ -390,11 +396,11 @@ class SpeakProcessor(FrameProcessor):
     current is not synthesized; audio that finishes after its unit was
     stopped is discarded and logged as late."""
 
-    def __init__(self, tts: TtsEngine, surface: VoiceSurface, events: ListenEvents):
+    def __init__(self, tts: TtsEngine, surface: VoiceSurface, late: LateSink):
         super().__init__(name="speak")
         self._tts = tts
         self._surface = surface
-        self._events = events
+        self._late = late
         self.busy = False
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -404,20 +410,20 @@ class SpeakProcessor(FrameProcessor):
             return
         sentence = frame.sentence
         if not self._surface.is_current(sentence.ref):
-            self._events.late("tts-text", sentence.ref, {"sentence": sentence.index})
+            self._late.late("tts-text", sentence.ref, {"sentence": sentence.index})
             return
         job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, sentence.text)
         self.busy = True
         try:
             audio = await asyncio.shield(job)
         except Exception as exc:  # a sentence piper cannot say is skipped, never waited for
-            self._events.late("tts-failed", sentence.ref, {"sentence": sentence.index, "error": repr(exc)})
+            self._late.late("tts-failed", sentence.ref, {"sentence": sentence.index, "error": repr(exc)})
             audio = SpeechAudio(np.zeros(0, np.int16), self._tts.rate, (), "failed", 0.0)
         except asyncio.CancelledError:
             # Interrupted: the synthesis thread finishes on its own and its audio
             # is never used. Recorded now, while the turn's log is current; the
             # job's own outcome is only collected, never acted on.
-            self._events.late("tts-audio", sentence.ref, {"sentence": sentence.index})
+            self._late.late("tts-audio", sentence.ref, {"sentence": sentence.index})
             job.add_done_callback(_collect)
             raise
         finally:

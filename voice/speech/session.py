@@ -37,12 +37,10 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
 from voice.agent.loop import AgentLoop, TurnResult
-from voice.agent.surface import UnitRef
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.audio.recording import Recorder
 from voice.log import events as ev
 from voice.log.conversations import NewConversation
-from voice.log.events import AudioClock, Body, LateOutput, SpeechSentence
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.barge_in import BargeInController
@@ -55,7 +53,8 @@ from voice.speech.pipeline import (
     UserTextFrame,
 )
 from voice.speech.settings import VoiceSettings
-from voice.speech.turns import Request, TurnRunner
+from voice.speech.speech_log import SpeechLog
+from voice.speech.turns import Ask, AskAgain, Stop, TurnRunner
 from voice.speech.voice_surface import VoiceSurface
 
 
@@ -72,6 +71,7 @@ class SessionParts:
     agent: AgentLoop
     barge_in: BargeInController
     turns: TurnRunner
+    log: SpeechLog  # every row the speech side writes (voice.speech.speech_log)
 
 
 class VoiceSession:
@@ -149,7 +149,7 @@ class VoiceSession:
 
         async def report_listening() -> None:
             await p.listen.heard_audio.wait()
-            self.log_clock()
+            p.log.clock()  # audio/clock: log times and the recording share one clock
             task_status.started()
 
         async with anyio.create_task_group() as tg:
@@ -239,36 +239,14 @@ class VoiceSession:
                 self.transcript(f"you: {heard.text}")
                 return
         try:
-            await p.turns.submit(Request(heard.text, "voice", frame.start, frame.end, frame.stt_s, stop=heard.stop,
-                                         stopped_turn=heard.stopped_turn))
+            if heard.stop is not None:
+                request = Stop(heard.text, "voice", frame.start, frame.end, frame.stt_s, intent=heard.stop,
+                               stopped_turn=heard.stopped_turn)
+            else:
+                request = Ask(heard.text, "voice", frame.start, frame.end, frame.stt_s)
+            await p.turns.submit(request)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):  # words that arrive as the session ends
             self.ignored(f"{heard.text!r} was heard while shutting down")
-
-    def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
-        if ref.conversation == "notice":
-            return  # the assistant's own notices are not part of any turn
-        # (filed under the unit's own conversation: it may have ended since)
-        self.store.record(ref.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
-                          turn=ref.turn, step=ref.step, attempt=ref.attempt)
-
-    def log_speech(self, body: Body, turn: int | None) -> None:
-        """speech/* for the barge-in controller, listen/* for the listener."""
-        self.store.record(self.conversation, body, turn=turn)
-
-    def log_sentences(self, ref: UnitRef, bodies: list[SpeechSentence]) -> None:
-        """speech/sentence of a settled or stopped message, for the surface."""
-        if ref.conversation != self.conversation:
-            return  # the assistant's own notices are not part of any turn
-        for body in bodies:
-            self.store.record(self.conversation, body, turn=ref.turn, step=ref.step, attempt=ref.attempt)
-
-    def log_clock(self) -> None:
-        """audio/clock: the device's sample positions now, so that log times
-        and recordings share one clock (at the start and before each turn)."""
-        buffer = self.device.buffer
-        self.store.record(self.conversation, AudioClock(
-            mic=self.parts.listen.position, speaker=buffer.position, speaker_rate=buffer.rate,
-            output_latency=self.device.output_latency()), turn=None)
 
     # -- the control API (voice.service.control.Assistant) -------------------
 
@@ -336,7 +314,7 @@ class VoiceSession:
         own, in its place in the queue (voice.agent.approvals)."""
         position = self.parts.listen.position
         try:
-            await self.parts.turns.submit(Request("", "voice", position, position, 0.0, asked_again=asked))
+            await self.parts.turns.submit(AskAgain("", "voice", position, position, 0.0, asked=asked))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self.ignored("a question left unanswered was not asked again: shutting down")
 
