@@ -83,11 +83,6 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     # The one writer of the speech side's rows; it reads the agent's conversation and the
     # listener's position at each write (both are made below).
     log = SpeechLog(app.store, device, conversation=lambda: agent.conversation, mic_position=lambda: listen.position)
-    wake, gate = listen_gate(settings)
-    listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
-                             gate=gate, stt=models.stt, turn_end=settings.turn_end,
-                             stop_phrases=settings.barge_in.stop_phrases, report_ignored=aside is not None,
-                             log=log.speech)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=log.late, on_notice=lambda text: transcript(f"notice: {text}"),
@@ -100,7 +95,13 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     barge_in = BargeInController(
         BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
         log=log.speech, stop_phrases=settings.barge_in.stop_phrases,
-        interrupt_pipeline=interruption(listen), on_cut=turns.mark_cut, ignored=session.ignored)
+        interrupt_pipeline=interruption(lambda: listen), on_cut=turns.mark_cut, ignored=session.ignored)
+    wake, gate = listen_gate(settings)
+    # The listener feeds the barge-in controller and the turn runner's early start directly.
+    listen = ListenProcessor(vad_analyzer(settings.vad), barge_in, turns, start_secs=settings.vad.start_secs,
+                             transcript=transcript, aside=aside, wake=wake, gate=gate, stt=models.stt,
+                             turn_end=settings.turn_end, stop_phrases=settings.barge_in.stop_phrases,
+                             report_ignored=aside is not None, log=log.speech)
     session.wire(SessionParts(
         listen=listen, transcribe=TranscribeProcessor(models.stt, on_error=lambda why: transcript(f"notice: {why}")),
         converse=converse,

@@ -35,6 +35,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
 from voice.log.events import Body, ListenSpeech, ListenWake
+from voice.speech.barge_in import BargeInController
 from voice.speech.listener import Addressed, ForAssistant, Ignored, Listener, WakeAlone
 from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
@@ -82,17 +83,16 @@ class SpeechAudioFrame(DataFrame):
     audio: SpeechAudio
 
 
-class ListenEvents(Protocol):
-    """What the processors tell the session (voice.speech.session)."""
+class Speculation(Protocol):
+    """Where the listener's early words go (voice.speech.turns.TurnRunner)."""
 
-    def user_started(self, onset: int) -> bool: ...
-    def speech_onset(self, onset: int) -> bool: ...
-    def assistant_busy(self) -> bool: ...
-    def woke(self) -> None: ...
-    def speculated(self, text: str | None) -> None: ...
-    def ignored(self, why: str) -> None: ...
-    def utterance_ended(self, onset: int) -> None: ...
-    def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
+    def start_early(self, text: str) -> None: ...
+    def drop_early(self) -> None: ...
+
+
+class HeardWords(Protocol):
+    """Where a finished utterance's words go (the session: an answer, a stop or a request)."""
+
     async def user_text(self, frame: UserTextFrame) -> None: ...
 
 
@@ -114,7 +114,9 @@ class ListenProcessor(FrameProcessor):
     when the wake word fires (mic positions): one row per utterance, never
     per block."""
 
-    def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
+    def __init__(self, vad, barge_in: BargeInController, speculation: Speculation, start_secs: float,
+                 preroll_s: float = 0.5, transcript: Callable[[str], None] = lambda line: None,
+                 aside: Callable[[str], None] | None = None,
                  wake=None, gate=None, stt: SttEngine | None = None, turn_end: TurnEndSettings | None = None,
                  stop_phrases: tuple[str, ...] = (), report_ignored: bool = False,
                  log: Callable[[Body, int | None], None] = lambda body, turn: None):
@@ -131,7 +133,10 @@ class ListenProcessor(FrameProcessor):
         self._wake = wake  # a WakeWordDetector, in "wake" mode
         self.gate = gate  # a ListenGate: which finished utterances are for the assistant
         self._vad = vad
-        self._events = events
+        self._barge_in = barge_in  # fed each block directly: it pauses, confirms or resumes the reply
+        self._speculation = speculation
+        self._transcript = transcript
+        self._aside = aside  # -v: what was heard and not acted on
         # The decisions (voice.speech.listener); this processor runs the models and says what they said.
         self.listener = Listener(MIC_RATE, int(start_secs * MIC_RATE), int(preroll_s * MIC_RATE), FRAME,
                                  int(MAX_LEAD_S * MIC_RATE))
@@ -176,10 +181,10 @@ class ListenProcessor(FrameProcessor):
             wake_at = li.woke(n)
             self._log(ListenWake(position=wake_at, model=self._wake.model), None)
             self.gate.on_wake(wake_at / MIC_RATE)
-            self._events.woke()
+            self._transcript("(okay: listening)")
         state = await self._vad_state(audio, n, sound)
         self.heard_audio.set()
-        if self.gate is not None and li.assistant_stopped(self._events.assistant_busy()):
+        if self.gate is not None and li.assistant_stopped(self._barge_in.assistant_busy()):
             self.gate.on_assistant_stopped(end / MIC_RATE)  # the follow-up window opens
         voiced = state in (VADState.STARTING, VADState.SPEAKING)
         li.heard(audio, voiced)
@@ -187,14 +192,14 @@ class ListenProcessor(FrameProcessor):
         if not li.speaking and state == VADState.SPEAKING:
             onset = li.start_utterance(n)
             await self.push_frame(UserStartedSpeakingFrame())
-            li.barge_in = self._events.user_started(onset)
+            li.barge_in = self._barge_in.onset(onset)  # over the assistant: it paused, and needs no wake word
             self.turn_end.reset(over_reply=li.barge_in)
         # The end-of-turn tracker sees every block of the utterance (its voiced
         # blocks are the audio recognised), the one that confirms a barge-in too.
         ended = li.speaking and (self._complete_turn(n, voiced)
                                  or (state == VADState.QUIET and not self.turn_end.holds_open()))
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
-        if self._events.barge_in_block(n, voiced, end):
+        if self._barge_in.block(n, voiced, end, li.speaking):
             await self.push_frame(InterruptionFrame())
         elif ended:
             speech = self.turn_end.speech(li.end_utterance())
@@ -204,13 +209,13 @@ class ListenProcessor(FrameProcessor):
             self._log(ListenSpeech(start=li.onset, end=max(li.onset, li.voiced_end), decided=end,
                                    for_assistant=for_assistant), None)
             if for_assistant:
-                self._events.utterance_ended(li.onset)  # its words are on their way
+                self._barge_in.utterance_ended(li.onset)  # its words are on their way
                 frame = UtteranceFrame(audio=addressed.audio, start=li.onset, end=end)
                 if addressed.whole:  # not cut by the wake word: the speculation is of this audio
                     frame.transcript, frame.pending = self.turn_end.final()
                 await self.push_frame(frame)
             if li.end_speculation(dropped=not for_assistant):
-                self._events.speculated(None)
+                self._speculation.drop_early()
             self.turn_end.abandon()
         li.advance(n)
 
@@ -219,13 +224,16 @@ class ListenProcessor(FrameProcessor):
         assistant is silent: the cores are its while it speaks), and an
         early end when the utterance so far is a complete request."""
         li = self.listener
-        idle = not self._events.assistant_busy()
+        idle = not self._barge_in.assistant_busy()
         end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle)
         # Words not (yet) addressed to the assistant never reach the model early (wake mode).
         addressed = self.gate is None or self.gate.accepts_utterance(li.onset / MIC_RATE)
         text = self.turn_end.complete_request() if idle and addressed else None
         if li.speculate(text):  # the model may start on these words (voice.agent.preempt), or stop
-            self._events.speculated(li.speculated)
+            if li.speculated is None:
+                self._speculation.drop_early()  # they went on
+            else:
+                self._speculation.start_early(li.speculated)
         return end
 
     def _wake_word_in(self, audio: bytes, sound: bool) -> bool:
@@ -250,7 +258,7 @@ class ListenProcessor(FrameProcessor):
         deciding = li.speaking or self._state != VADState.QUIET
         expected = (self.gate is None or self._report_ignored
                     or self.gate.expects_speech((li.position + n) / MIC_RATE))
-        if not self._vad_gate.should_run(sound, deciding=deciding, busy=self._events.assistant_busy(),
+        if not self._vad_gate.should_run(sound, deciding=deciding, busy=self._barge_in.assistant_busy(),
                                          expected=expected):
             self._state = VADState.QUIET
             return self._state
@@ -272,7 +280,7 @@ class ListenProcessor(FrameProcessor):
         li = self.listener
         onset = self._onsets.feed(self._vad.take_frames(), li.position + n)
         if onset is not None and not li.speaking:
-            li.first_frames(onset, self._events.speech_onset(onset))
+            li.first_frames(onset, self._barge_in.first_frames(onset))
 
     def _addressed(self, audio: bytes, end: int) -> Addressed:
         """Whether the utterance is meant for the assistant (voice.speech.listener), told to the gate."""
@@ -281,7 +289,8 @@ class ListenProcessor(FrameProcessor):
         addressed = li.addressed(audio, end, gated=gated,
                                  accepted=gated and (li.barge_in or self.gate.accepts_utterance(li.onset / MIC_RATE)))
         if isinstance(addressed, Ignored):
-            self._events.ignored(f"{addressed.seconds:.1f} s of speech without the wake word")
+            if self._aside is not None:
+                self._aside(f"(ignored: {addressed.seconds:.1f} s of speech without the wake word)")
         elif isinstance(addressed, WakeAlone):
             self.gate.on_wake(end / MIC_RATE)
         elif gated:
@@ -335,14 +344,14 @@ class ConverseProcessor(FrameProcessor):
     """Where the runtime meets the pipeline: user text goes out to it, its
     sentences come back in (`speak`) and flow on to synthesis."""
 
-    def __init__(self, events: ListenEvents):
+    def __init__(self, heard: HeardWords):
         super().__init__(name="converse")
-        self._events = events
+        self._heard = heard
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, UserTextFrame):
-            await self._events.user_text(frame)
+            await self._heard.user_text(frame)
         else:
             await self.push_frame(frame, direction)
 

@@ -6,10 +6,12 @@ in its own module:
 - the turn runner, one request at a time (voice.speech.turns);
 - the pipeline's processors (voice.speech.pipeline) and the voice surface
   (voice.speech.voice_surface);
+- the listener's decisions (voice.speech.listener), fed to the barge-in
+  controller and the turn runner directly; the rows (voice.speech.speech_log);
 - this module: `run()` (a task group with the pipecat worker, the device
-  and the turn runner), the routing of the pipeline's events to those
-  parts, and the narrow control API the control socket uses (status, say,
-  cancel, mute, history).
+  and the turn runner), the person's finished words (an answer, a stop or
+  a request), and the narrow control API the control socket uses (status,
+  say, cancel, mute, history).
 
 Shutdown (the device ended, or the caller cancelled): the turn queue is
 closed first (nothing queued starts), the running turn is cancelled
@@ -128,7 +130,7 @@ class VoiceSession:
             if self.recorder is not None:  # before echo cancellation: the sound as it reached the mic
                 self.recorder.add(block, reference)
             if self.echo is not None:
-                block = self.echo.process(block, reference, busy=self.assistant_busy())
+                block = self.echo.process(block, reference, busy=self.parts.barge_in.assistant_busy())
                 if not block:
                     return
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
@@ -190,39 +192,12 @@ class VoiceSession:
         return not (p.listen.speaking or p.transcribe.busy or queued or thinking
                     or p.surface.playing() or p.speak.busy)
 
-    # -- events from the pipeline (voice.speech.pipeline.ListenEvents) ------
-
-    def assistant_busy(self) -> bool:
-        return self.parts.barge_in.assistant_busy()
-
-    def speculated(self, text: str | None) -> None:
-        """Words the person may still add to (None: they went on): the model
-        may start on them before the turn is committed."""
-        if text is None:
-            self.parts.turns.drop_early()
-        else:
-            self.parts.turns.start_early(text)
-
-    def woke(self) -> None:
-        self.transcript("(okay: listening)")
+    # -- the person's words (from ConverseProcessor) -------------------------
 
     def ignored(self, why: str) -> None:
-        """Something heard and not acted on (no wake word, a backchannel, the
-        assistant's own echo): an aside, shown with -v."""
+        """Something heard and not acted on: an aside, shown with -v."""
         if self.aside is not None:
             self.aside(f"(ignored: {why})")
-
-    def user_started(self, onset: int) -> bool:
-        return self.parts.barge_in.onset(onset)
-
-    def speech_onset(self, onset: int) -> bool:
-        return self.parts.barge_in.first_frames(onset)
-
-    def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool:
-        return self.parts.barge_in.block(samples, voiced, position, self.parts.listen.speaking)
-
-    def utterance_ended(self, onset: int) -> None:
-        self.parts.barge_in.utterance_ended(onset)
 
     async def user_text(self, frame: UserTextFrame) -> None:
         """A finished utterance's words (possibly none: a sound). Over the
@@ -351,11 +326,12 @@ def inference_pool() -> concurrent.futures.ThreadPoolExecutor:
     return pool
 
 
-def interruption(listen: ListenProcessor):
+def interruption(listen: Callable[[], ListenProcessor]):
     """How the barge-in controller interrupts the pipeline: pipecat's
-    InterruptionFrame from the top, which drops queued sentences."""
+    InterruptionFrame from the top (the listener, made after the controller),
+    which drops queued sentences."""
 
     async def push() -> None:
-        await listen.push_frame(InterruptionFrame())
+        await listen().push_frame(InterruptionFrame())
 
     return push
