@@ -20,8 +20,8 @@ import anyio.abc
 
 from voice.agent.approvals import unanswered
 from voice.agent.loop import AgentLoop
-from voice.log.conversations import end_and_open, idle_for
-from voice.speech.judge import stop_intent
+from voice.speech.conversation_policy import ConversationPolicy
+from voice.speech.settings import ConversationRules
 
 
 def _read_line(stdin: TextIO) -> str:
@@ -62,6 +62,7 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
     a line made only of a new-conversation phrase ends it (it is not sent to
     the model), and a line after the idle gap opens a new one."""
     interactive = stdin.isatty()
+    conversations = ConversationPolicy(agent, agent.store, ConversationRules(idle_gap_s, new_phrases, new_reply))
     lines = _start_reader(stdin)
     ended = False  # the input ended while a question was asked
 
@@ -103,11 +104,9 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
             if not interactive:
                 out.write(f"you: {line}\n")
                 out.flush()
-            idle = idle_for(agent.store, agent.conversation) if idle_gap_s is not None else 0.0
-            if idle_gap_s is not None and idle >= idle_gap_s:
-                agent.conversation = end_and_open(agent.store, agent.conversation, "idle", idle_s=idle)
-            if new_phrases and stop_intent(line, new_phrases):
-                agent.conversation = end_and_open(agent.store, agent.conversation, "asked", words=line.strip())
+            conversations.end_if_idle()
+            if conversations.asks_new(line):
+                conversations.switch("asked", words=line.strip())
                 if new_reply:
                     await agent.surface.notice(new_reply)
                 continue

@@ -16,6 +16,7 @@ from pipecat.audio.vad.vad_analyzer import VADParams
 
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.speech.barge_in import BargeInController
+from voice.speech.conversation_policy import ConversationPolicy
 from voice.speech.judge import BargeInJudge
 from voice.speech.onset import FrameScoringSilero
 from voice.speech.pipeline import (
@@ -27,6 +28,7 @@ from voice.speech.pipeline import (
 )
 from voice.speech.session import SessionParts, VoiceSession, interruption
 from voice.speech.settings import VadSettings, VoiceSettings
+from voice.speech.speech_log import SpeechLog
 from voice.speech.stt import SttEngine
 from voice.speech.tts import TtsEngine
 from voice.speech.turns import TurnRunner
@@ -78,27 +80,33 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
                            echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside,
                            recorder=recorder)
-    wake, gate = listen_gate(settings)
-    listen = ListenProcessor(vad_analyzer(settings.vad), session, start_secs=settings.vad.start_secs, wake=wake,
-                             gate=gate, stt=models.stt, turn_end=settings.turn_end,
-                             stop_phrases=settings.barge_in.stop_phrases, report_ignored=aside is not None)
+    # The one writer of the speech side's rows; it reads the agent's conversation and the
+    # listener's position at each write (both are made below).
+    log = SpeechLog(app.store, device, conversation=lambda: agent.conversation, mic_position=lambda: listen.position)
     converse = ConverseProcessor(session)
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
-                           on_late=session.late, on_notice=lambda text: transcript(f"notice: {text}"),
-                           on_sentences=session.log_sentences, play_at=dict(play_at or {}),
+                           on_late=log.late, on_notice=lambda text: transcript(f"notice: {text}"),
+                           on_sentences=log.sentences, play_at=dict(play_at or {}),
                            keep=None if keep is None else keep * 4)
     agent = app.agent(surface, conversation)
+    conversations = ConversationPolicy(agent, app.store, settings.conversation, aside=aside)
     turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside, keep=keep,
-                       conversations=settings.conversation, notice=surface.notice, before_turn=session.log_clock)
+                       conversations=conversations, notice=surface.notice, log=log)
     barge_in = BargeInController(
         BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
-        log=session.log_speech, stop_phrases=settings.barge_in.stop_phrases,
-        interrupt_pipeline=interruption(listen), on_cut=turns.mark_cut, ignored=session.ignored)
+        log=log.speech, stop_phrases=settings.barge_in.stop_phrases,
+        interrupt_pipeline=interruption(lambda: listen), on_cut=turns.mark_cut, ignored=session.ignored)
+    wake, gate = listen_gate(settings)
+    # The listener feeds the barge-in controller and the turn runner's early start directly.
+    listen = ListenProcessor(vad_analyzer(settings.vad), barge_in, turns, start_secs=settings.vad.start_secs,
+                             transcript=transcript, aside=aside, wake=wake, gate=gate, stt=models.stt,
+                             turn_end=settings.turn_end, stop_phrases=settings.barge_in.stop_phrases,
+                             report_ignored=aside is not None, log=log.speech)
     session.wire(SessionParts(
         listen=listen, transcribe=TranscribeProcessor(models.stt, on_error=lambda why: transcript(f"notice: {why}")),
         converse=converse,
-        speak=SpeakProcessor(models.tts, surface, session), play=PlayProcessor(surface),
-        surface=surface, agent=agent, barge_in=barge_in, turns=turns))
+        speak=SpeakProcessor(models.tts, surface, log), play=PlayProcessor(surface),
+        surface=surface, agent=agent, barge_in=barge_in, turns=turns, log=log))
     return session
 
 

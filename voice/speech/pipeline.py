@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +35,8 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
 from voice.log.events import Body, ListenSpeech, ListenWake
+from voice.speech.barge_in import BargeInController
+from voice.speech.listener import Addressed, ForAssistant, Ignored, Listener, WakeAlone
 from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
@@ -82,20 +83,23 @@ class SpeechAudioFrame(DataFrame):
     audio: SpeechAudio
 
 
-class ListenEvents(Protocol):
-    """What the processors tell the session (voice.speech.session)."""
+class Speculation(Protocol):
+    """Where the listener's early words go (voice.speech.turns.TurnRunner)."""
 
-    def user_started(self, onset: int) -> bool: ...
-    def speech_onset(self, onset: int) -> bool: ...
-    def assistant_busy(self) -> bool: ...
-    def woke(self) -> None: ...
-    def speculated(self, text: str | None) -> None: ...
-    def ignored(self, why: str) -> None: ...
-    def utterance_ended(self, onset: int) -> None: ...
-    def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool: ...
+    def start_early(self, text: str) -> None: ...
+    def drop_early(self) -> None: ...
+
+
+class HeardWords(Protocol):
+    """Where a finished utterance's words go (the session: an answer, a stop or a request)."""
+
     async def user_text(self, frame: UserTextFrame) -> None: ...
+
+
+class LateSink(Protocol):
+    """Where synthesis reports speech that came too late (voice.speech.speech_log)."""
+
     def late(self, kind: str, ref, info: dict) -> None: ...
-    def log_speech(self, body: Body, turn: int | None) -> None: ...
 
 
 class ListenProcessor(FrameProcessor):
@@ -110,10 +114,14 @@ class ListenProcessor(FrameProcessor):
     when the wake word fires (mic positions): one row per utterance, never
     per block."""
 
-    def __init__(self, vad, events: ListenEvents, start_secs: float, preroll_s: float = 0.5,
+    def __init__(self, vad, barge_in: BargeInController, speculation: Speculation, start_secs: float,
+                 preroll_s: float = 0.5, transcript: Callable[[str], None] = lambda line: None,
+                 aside: Callable[[str], None] | None = None,
                  wake=None, gate=None, stt: SttEngine | None = None, turn_end: TurnEndSettings | None = None,
-                 stop_phrases: tuple[str, ...] = (), report_ignored: bool = False):
+                 stop_phrases: tuple[str, ...] = (), report_ignored: bool = False,
+                 log: Callable[[Body, int | None], None] = lambda body, turn: None):
         super().__init__(name="listen")
+        self._log = log  # listen/speech and listen/wake (voice.speech.speech_log)
         # -v: speech without the wake word is reported, so the VAD listens even where only the wake word must
         self._report_ignored = report_ignored
         # Without an STT engine (tests of the VAD alone) nothing is speculated.
@@ -124,31 +132,25 @@ class ListenProcessor(FrameProcessor):
                                        MIC_RATE, stop_phrases)
         self._wake = wake  # a WakeWordDetector, in "wake" mode
         self.gate = gate  # a ListenGate: which finished utterances are for the assistant
-        self._wake_at: int | None = None
-        self._busy = False
-        self._barge_in = False
-        self._utterance_start = 0
         self._vad = vad
-        self._events = events
-        self._start_samples = int(start_secs * MIC_RATE)
-        self._preroll: deque[bytes] = deque()
-        self._preroll_max = int(preroll_s * MIC_RATE) * 2
-        self._utterance = bytearray()
-        self.position = 0
-        self.speaking = False
+        self._barge_in = barge_in  # fed each block directly: it pauses, confirms or resumes the reply
+        self._speculation = speculation
+        self._transcript = transcript
+        self._aside = aside  # -v: what was heard and not acted on
+        # The decisions (voice.speech.listener); this processor runs the models and says what they said.
+        self.listener = Listener(MIC_RATE, int(start_secs * MIC_RATE), int(preroll_s * MIC_RATE), FRAME,
+                                 int(MAX_LEAD_S * MIC_RATE))
         self.muted = False
-        self._onset = 0
-        self._voiced_end = 0  # the end of the latest voiced block
         scoring = isinstance(vad, FrameScoringSilero)
         self._onsets = OnsetDetector() if scoring else None
         self._vad_gate = VadGate() if scoring else None  # runs the VAD only when the moment needs it
         self._sound = SoundGate()  # whether the mic carries sound (the VAD and the wake word rest when not)
         self._state = VADState.QUIET  # the VAD's, after the last block
-        self._vad_fed = 0  # the stream position up to which the VAD has been fed
-        self._early_onset: int | None = None  # where the first frames of speech paused the reply
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
         self.blocks = self.vad_runs = self.wake_runs = 0  # mic blocks, and those each model ran on
-        self._speculated: str | None = None  # the words an early model start answers
+
+    position = property(lambda self: self.listener.position)
+    speaking = property(lambda self: self.listener.speaking)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -168,88 +170,71 @@ class ListenProcessor(FrameProcessor):
         await self._vad.cleanup()
 
     async def _listen(self, audio: bytes) -> None:
+        li = self.listener
         n = len(audio) // 2
+        end = li.position + n
         self.blocks += 1
         if self.muted:
             audio = bytes(len(audio))
-        sound = self._sound.update(audio, self.position + n)
+        sound = self._sound.update(audio, end)
         if self._wake is not None and self._wake_word_in(audio, sound):
-            self._wake_at = self.position + n
-            self._events.log_speech(ListenWake(position=self._wake_at, model=self._wake.model), None)
-            self.gate.on_wake(self._wake_at / MIC_RATE)
-            self._events.woke()
+            wake_at = li.woke(n)
+            self._log(ListenWake(position=wake_at, model=self._wake.model), None)
+            self.gate.on_wake(wake_at / MIC_RATE)
+            self._transcript("(okay: listening)")
         state = await self._vad_state(audio, n, sound)
         self.heard_audio.set()
-        if self.gate is not None:
-            busy = self._events.assistant_busy()
-            if self._busy and not busy:  # the assistant finished: the follow-up window opens
-                self.gate.on_assistant_stopped((self.position + n) / MIC_RATE)
-            self._busy = busy
-        self._preroll.append(audio)
-        while sum(map(len, self._preroll)) > self._preroll_max:
-            self._preroll.popleft()
-        if self.speaking:
-            self._utterance += audio
+        if self.gate is not None and li.assistant_stopped(self._barge_in.assistant_busy()):
+            self.gate.on_assistant_stopped(end / MIC_RATE)  # the follow-up window opens
         voiced = state in (VADState.STARTING, VADState.SPEAKING)
-        if voiced:
-            self._voiced_end = self.position + n
+        li.heard(audio, voiced)
         self._pause_on_first_frames(n)
-        if not self.speaking and state == VADState.SPEAKING:
-            self.speaking = True
-            self._onset = self._speaking_onset(n)
-            self._utterance = bytearray(b"".join(self._preroll))
-            self._utterance_start = self.position + n - len(self._utterance) // 2
+        if not li.speaking and state == VADState.SPEAKING:
+            onset = li.start_utterance(n)
             await self.push_frame(UserStartedSpeakingFrame())
-            self._barge_in = self._events.user_started(self._onset)
-            self.turn_end.reset(over_reply=self._barge_in)
+            li.barge_in = self._barge_in.onset(onset)  # over the assistant: it paused, and needs no wake word
+            self.turn_end.reset(over_reply=li.barge_in)
         # The end-of-turn tracker sees every block of the utterance (its voiced
         # blocks are the audio recognised), the one that confirms a barge-in too.
-        ended = self.speaking and (self._complete_turn(n, voiced)
-                                   or (state == VADState.QUIET and not self.turn_end.holds_open()))
+        ended = li.speaking and (self._complete_turn(n, voiced)
+                                 or (state == VADState.QUIET and not self.turn_end.holds_open()))
         # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
-        if self._events.barge_in_block(n, voiced, self.position + n):
+        if self._barge_in.block(n, voiced, end, li.speaking):
             await self.push_frame(InterruptionFrame())
         elif ended:
-            self.speaking = False
-            speech, end = self.turn_end.speech(self._utterance), self.position + n
-            self._utterance = bytearray()
+            speech = self.turn_end.speech(li.end_utterance())
             await self.push_frame(UserStoppedSpeakingFrame())
-            audio_bytes = self._for_assistant(speech, end)
-            self._events.log_speech(ListenSpeech(start=self._onset, end=max(self._onset, self._voiced_end),
-                                                 decided=end, for_assistant=audio_bytes is not None), None)
-            if audio_bytes is not None:
-                self._events.utterance_ended(self._onset)  # its words are on their way
-                await self.push_frame(self._utterance_frame(audio_bytes, end, whole=len(audio_bytes) == len(speech)))
-            self._end_speculation(dropped=audio_bytes is None)
-        self.position += n
+            addressed = self._addressed(speech, end)
+            for_assistant = isinstance(addressed, ForAssistant)
+            self._log(ListenSpeech(start=li.onset, end=max(li.onset, li.voiced_end), decided=end,
+                                   for_assistant=for_assistant), None)
+            if for_assistant:
+                self._barge_in.utterance_ended(li.onset)  # its words are on their way
+                frame = UtteranceFrame(audio=addressed.audio, start=li.onset, end=end)
+                if addressed.whole:  # not cut by the wake word: the speculation is of this audio
+                    frame.transcript, frame.pending = self.turn_end.final()
+                await self.push_frame(frame)
+            if li.end_speculation(dropped=not for_assistant):
+                self._speculation.drop_early()
+            self.turn_end.abandon()
+        li.advance(n)
 
     def _complete_turn(self, samples: int, voiced: bool) -> bool:
         """The end-of-turn hook: speculation at short pauses (only while the
         assistant is silent: the cores are its while it speaks), and an
         early end when the utterance so far is a complete request."""
-        idle = not self._events.assistant_busy()
-        end = self.turn_end.block(self._utterance, samples, voiced, may_speculate=idle)
+        li = self.listener
+        idle = not self._barge_in.assistant_busy()
+        end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle)
         # Words not (yet) addressed to the assistant never reach the model early (wake mode).
-        addressed = self.gate is None or self.gate.accepts_utterance(self._onset / MIC_RATE)
+        addressed = self.gate is None or self.gate.accepts_utterance(li.onset / MIC_RATE)
         text = self.turn_end.complete_request() if idle and addressed else None
-        if text != self._speculated:  # the model may start on these words (voice.agent.preempt), or stop
-            self._speculated = text or None
-            self._events.speculated(self._speculated)
+        if li.speculate(text):  # the model may start on these words (voice.agent.preempt), or stop
+            if li.speculated is None:
+                self._speculation.drop_early()  # they went on
+            else:
+                self._speculation.start_early(li.speculated)
         return end
-
-    def _end_speculation(self, dropped: bool) -> None:
-        """The utterance is over: its early model start, if any, is now the
-        turn's to take (its words are on their way) or, dropped, is let go."""
-        if dropped and self._speculated is not None:
-            self._events.speculated(None)
-        self._speculated = None
-        self.turn_end.abandon()
-
-    def _utterance_frame(self, audio: bytes, end: int, whole: bool) -> UtteranceFrame:
-        frame = UtteranceFrame(audio=audio, start=self._onset, end=end)
-        if whole:  # not cut by the wake word: the speculation is of this audio
-            frame.transcript, frame.pending = self.turn_end.final()
-        return frame
 
     def _wake_word_in(self, audio: bytes, sound: bool) -> bool:
         """The wake-word detector on this block, only while the mic carries
@@ -259,7 +244,7 @@ class ListenProcessor(FrameProcessor):
             return False
         self.wake_runs += 1
         if self._sound.opened:
-            for block in self._preroll:
+            for block in self.listener.preroll:
                 self._wake.process(block)
         return self._wake.process(audio)
 
@@ -269,21 +254,20 @@ class ListenProcessor(FrameProcessor):
         if self._vad_gate is None:
             self.vad_runs += 1
             return await self._vad.analyze_audio(audio)
-        end = self.position + n
-        deciding = self.speaking or self._state != VADState.QUIET
-        expected = self.gate is None or self._report_ignored or self.gate.expects_speech(end / MIC_RATE)
-        if not self._vad_gate.should_run(sound, deciding=deciding, busy=self._events.assistant_busy(),
+        li = self.listener
+        deciding = li.speaking or self._state != VADState.QUIET
+        expected = (self.gate is None or self._report_ignored
+                    or self.gate.expects_speech((li.position + n) / MIC_RATE))
+        if not self._vad_gate.should_run(sound, deciding=deciding, busy=self._barge_in.assistant_busy(),
                                          expected=expected):
             self._state = VADState.QUIET
             return self._state
         if self._vad_gate.restarting:  # over the pre-roll first, on the frame grid it had
-            preroll = b"".join(self._preroll)
-            start = self.position - len(preroll) // 2
-            skip = -start % FRAME
-            self._vad.restart(skipped=max(0, start + skip - self._vad_fed))
+            restart = li.vad_restart()
+            self._vad.restart(skipped=restart.skipped)
             self._onsets.reset()
-            audio = preroll[skip * 2:] + audio
-        self._vad_fed = end
+            audio = restart.audio + audio
+        li.fed_vad(n)
         self.vad_runs += 1
         self._state = await self._vad.analyze_audio(audio)
         return self._state
@@ -293,35 +277,25 @@ class ListenProcessor(FrameProcessor):
         before the analyzer's SPEAKING: a tentative pause that SPEAKING confirms."""
         if self._onsets is None:
             return
-        onset = self._onsets.feed(self._vad.take_frames(), self.position + n)
-        if onset is not None and not self.speaking and self._events.speech_onset(onset):
-            self._early_onset = onset
+        li = self.listener
+        onset = self._onsets.feed(self._vad.take_frames(), li.position + n)
+        if onset is not None and not li.speaking:
+            li.first_frames(onset, self._barge_in.first_frames(onset))
 
-    def _speaking_onset(self, n: int) -> int:
-        """Where the utterance that just reached SPEAKING began: the onset
-        that paused the reply if it is this speech, else `start_secs` back."""
-        early, self._early_onset = self._early_onset, None
-        if early is not None and self.position + n - early <= MAX_LEAD_S * MIC_RATE:
-            return early
-        return max(0, self.position + n - self._start_samples)
-
-    def _for_assistant(self, audio: bytes, end: int) -> bytes | None:
-        """The utterance's audio if it is meant for the assistant, with the
-        wake word cut off by position (Whisper mangles "okay nabu")."""
-        if self.gate is None:
-            return audio
-        wake_at = self._wake_at
-        if not self._barge_in and not self.gate.accepts_utterance(self._onset / MIC_RATE):
-            self._events.ignored(f"{(end - self._onset) / MIC_RATE:.1f} s of speech without the wake word")
-            return None  # in wake mode, not addressed to the assistant
-        if wake_at is not None and self._utterance_start <= wake_at <= end:
-            if end - wake_at < MIC_RATE // 2:  # the wake word alone: wait for the request
-                self.gate.on_wake(end / MIC_RATE)
-                return None
-            cut = max(self._utterance_start, wake_at - MIC_RATE // 5)
-            audio = audio[(cut - self._utterance_start) * 2 :]
-        self.gate.consume()
-        return audio
+    def _addressed(self, audio: bytes, end: int) -> Addressed:
+        """Whether the utterance is meant for the assistant (voice.speech.listener), told to the gate."""
+        li = self.listener
+        gated = self.gate is not None
+        addressed = li.addressed(audio, end, gated=gated,
+                                 accepted=gated and (li.barge_in or self.gate.accepts_utterance(li.onset / MIC_RATE)))
+        if isinstance(addressed, Ignored):
+            if self._aside is not None:
+                self._aside(f"(ignored: {addressed.seconds:.1f} s of speech without the wake word)")
+        elif isinstance(addressed, WakeAlone):
+            self.gate.on_wake(end / MIC_RATE)
+        elif gated:
+            self.gate.consume()
+        return addressed
 
 
 class TranscribeProcessor(FrameProcessor):
@@ -370,14 +344,14 @@ class ConverseProcessor(FrameProcessor):
     """Where the runtime meets the pipeline: user text goes out to it, its
     sentences come back in (`speak`) and flow on to synthesis."""
 
-    def __init__(self, events: ListenEvents):
+    def __init__(self, heard: HeardWords):
         super().__init__(name="converse")
-        self._events = events
+        self._heard = heard
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, UserTextFrame):
-            await self._events.user_text(frame)
+            await self._heard.user_text(frame)
         else:
             await self.push_frame(frame, direction)
 
@@ -390,11 +364,11 @@ class SpeakProcessor(FrameProcessor):
     current is not synthesized; audio that finishes after its unit was
     stopped is discarded and logged as late."""
 
-    def __init__(self, tts: TtsEngine, surface: VoiceSurface, events: ListenEvents):
+    def __init__(self, tts: TtsEngine, surface: VoiceSurface, late: LateSink):
         super().__init__(name="speak")
         self._tts = tts
         self._surface = surface
-        self._events = events
+        self._late = late
         self.busy = False
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -404,20 +378,20 @@ class SpeakProcessor(FrameProcessor):
             return
         sentence = frame.sentence
         if not self._surface.is_current(sentence.ref):
-            self._events.late("tts-text", sentence.ref, {"sentence": sentence.index})
+            self._late.late("tts-text", sentence.ref, {"sentence": sentence.index})
             return
         job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, sentence.text)
         self.busy = True
         try:
             audio = await asyncio.shield(job)
         except Exception as exc:  # a sentence piper cannot say is skipped, never waited for
-            self._events.late("tts-failed", sentence.ref, {"sentence": sentence.index, "error": repr(exc)})
+            self._late.late("tts-failed", sentence.ref, {"sentence": sentence.index, "error": repr(exc)})
             audio = SpeechAudio(np.zeros(0, np.int16), self._tts.rate, (), "failed", 0.0)
         except asyncio.CancelledError:
             # Interrupted: the synthesis thread finishes on its own and its audio
             # is never used. Recorded now, while the turn's log is current; the
             # job's own outcome is only collected, never acted on.
-            self._events.late("tts-audio", sentence.ref, {"sentence": sentence.index})
+            self._late.late("tts-audio", sentence.ref, {"sentence": sentence.index})
             job.add_done_callback(_collect)
             raise
         finally:

@@ -6,10 +6,12 @@ in its own module:
 - the turn runner, one request at a time (voice.speech.turns);
 - the pipeline's processors (voice.speech.pipeline) and the voice surface
   (voice.speech.voice_surface);
+- the listener's decisions (voice.speech.listener), fed to the barge-in
+  controller and the turn runner directly; the rows (voice.speech.speech_log);
 - this module: `run()` (a task group with the pipecat worker, the device
-  and the turn runner), the routing of the pipeline's events to those
-  parts, and the narrow control API the control socket uses (status, say,
-  cancel, mute, history).
+  and the turn runner), the person's finished words (an answer, a stop or
+  a request), and the narrow control API the control socket uses (status,
+  say, cancel, mute, history).
 
 Shutdown (the device ended, or the caller cancelled): the turn queue is
 closed first (nothing queued starts), the running turn is cancelled
@@ -37,12 +39,10 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
 from voice.agent.loop import AgentLoop, TurnResult
-from voice.agent.surface import UnitRef
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.audio.recording import Recorder
 from voice.log import events as ev
 from voice.log.conversations import NewConversation
-from voice.log.events import AudioClock, Body, LateOutput, SpeechSentence
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.barge_in import BargeInController
@@ -55,7 +55,8 @@ from voice.speech.pipeline import (
     UserTextFrame,
 )
 from voice.speech.settings import VoiceSettings
-from voice.speech.turns import Request, TurnRunner
+from voice.speech.speech_log import SpeechLog
+from voice.speech.turns import Ask, AskAgain, Stop, TurnRunner
 from voice.speech.voice_surface import VoiceSurface
 
 
@@ -72,6 +73,7 @@ class SessionParts:
     agent: AgentLoop
     barge_in: BargeInController
     turns: TurnRunner
+    log: SpeechLog  # every row the speech side writes (voice.speech.speech_log)
 
 
 class VoiceSession:
@@ -128,7 +130,7 @@ class VoiceSession:
             if self.recorder is not None:  # before echo cancellation: the sound as it reached the mic
                 self.recorder.add(block, reference)
             if self.echo is not None:
-                block = self.echo.process(block, reference, busy=self.assistant_busy())
+                block = self.echo.process(block, reference, busy=self.parts.barge_in.assistant_busy())
                 if not block:
                     return
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
@@ -149,7 +151,7 @@ class VoiceSession:
 
         async def report_listening() -> None:
             await p.listen.heard_audio.wait()
-            self.log_clock()
+            p.log.clock()  # audio/clock: log times and the recording share one clock
             task_status.started()
 
         async with anyio.create_task_group() as tg:
@@ -190,39 +192,12 @@ class VoiceSession:
         return not (p.listen.speaking or p.transcribe.busy or queued or thinking
                     or p.surface.playing() or p.speak.busy)
 
-    # -- events from the pipeline (voice.speech.pipeline.ListenEvents) ------
-
-    def assistant_busy(self) -> bool:
-        return self.parts.barge_in.assistant_busy()
-
-    def speculated(self, text: str | None) -> None:
-        """Words the person may still add to (None: they went on): the model
-        may start on them before the turn is committed."""
-        if text is None:
-            self.parts.turns.drop_early()
-        else:
-            self.parts.turns.start_early(text)
-
-    def woke(self) -> None:
-        self.transcript("(okay: listening)")
+    # -- the person's words (from ConverseProcessor) -------------------------
 
     def ignored(self, why: str) -> None:
-        """Something heard and not acted on (no wake word, a backchannel, the
-        assistant's own echo): an aside, shown with -v."""
+        """Something heard and not acted on: an aside, shown with -v."""
         if self.aside is not None:
             self.aside(f"(ignored: {why})")
-
-    def user_started(self, onset: int) -> bool:
-        return self.parts.barge_in.onset(onset)
-
-    def speech_onset(self, onset: int) -> bool:
-        return self.parts.barge_in.first_frames(onset)
-
-    def barge_in_block(self, samples: int, voiced: bool, position: int) -> bool:
-        return self.parts.barge_in.block(samples, voiced, position, self.parts.listen.speaking)
-
-    def utterance_ended(self, onset: int) -> None:
-        self.parts.barge_in.utterance_ended(onset)
 
     async def user_text(self, frame: UserTextFrame) -> None:
         """A finished utterance's words (possibly none: a sound). Over the
@@ -239,36 +214,14 @@ class VoiceSession:
                 self.transcript(f"you: {heard.text}")
                 return
         try:
-            await p.turns.submit(Request(heard.text, "voice", frame.start, frame.end, frame.stt_s, stop=heard.stop,
-                                         stopped_turn=heard.stopped_turn))
+            if heard.stop is not None:
+                request = Stop(heard.text, "voice", frame.start, frame.end, frame.stt_s, intent=heard.stop,
+                               stopped_turn=heard.stopped_turn)
+            else:
+                request = Ask(heard.text, "voice", frame.start, frame.end, frame.stt_s)
+            await p.turns.submit(request)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):  # words that arrive as the session ends
             self.ignored(f"{heard.text!r} was heard while shutting down")
-
-    def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
-        if ref.conversation == "notice":
-            return  # the assistant's own notices are not part of any turn
-        # (filed under the unit's own conversation: it may have ended since)
-        self.store.record(ref.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
-                          turn=ref.turn, step=ref.step, attempt=ref.attempt)
-
-    def log_speech(self, body: Body, turn: int | None) -> None:
-        """speech/* for the barge-in controller, listen/* for the listener."""
-        self.store.record(self.conversation, body, turn=turn)
-
-    def log_sentences(self, ref: UnitRef, bodies: list[SpeechSentence]) -> None:
-        """speech/sentence of a settled or stopped message, for the surface."""
-        if ref.conversation != self.conversation:
-            return  # the assistant's own notices are not part of any turn
-        for body in bodies:
-            self.store.record(self.conversation, body, turn=ref.turn, step=ref.step, attempt=ref.attempt)
-
-    def log_clock(self) -> None:
-        """audio/clock: the device's sample positions now, so that log times
-        and recordings share one clock (at the start and before each turn)."""
-        buffer = self.device.buffer
-        self.store.record(self.conversation, AudioClock(
-            mic=self.parts.listen.position, speaker=buffer.position, speaker_rate=buffer.rate,
-            output_latency=self.device.output_latency()), turn=None)
 
     # -- the control API (voice.service.control.Assistant) -------------------
 
@@ -336,7 +289,7 @@ class VoiceSession:
         own, in its place in the queue (voice.agent.approvals)."""
         position = self.parts.listen.position
         try:
-            await self.parts.turns.submit(Request("", "voice", position, position, 0.0, asked_again=asked))
+            await self.parts.turns.submit(AskAgain("", "voice", position, position, 0.0, asked=asked))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self.ignored("a question left unanswered was not asked again: shutting down")
 
@@ -373,11 +326,12 @@ def inference_pool() -> concurrent.futures.ThreadPoolExecutor:
     return pool
 
 
-def interruption(listen: ListenProcessor):
+def interruption(listen: Callable[[], ListenProcessor]):
     """How the barge-in controller interrupts the pipeline: pipecat's
-    InterruptionFrame from the top, which drops queued sentences."""
+    InterruptionFrame from the top (the listener, made after the controller),
+    which drops queued sentences."""
 
     async def push() -> None:
-        await listen.push_frame(InterruptionFrame())
+        await listen().push_frame(InterruptionFrame())
 
     return push

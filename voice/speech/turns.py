@@ -21,10 +21,9 @@ session closes it at shutdown, before it cancels the running turn.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -33,34 +32,54 @@ from voice.agent.loop import AgentLoop, TurnResult
 from voice.agent.preempt import EarlyStart
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev
-from voice.log.conversations import NewConversation, end_and_open, last_activity
-from voice.log.events import UserStop
+from voice.log.conversations import NewConversation
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
-from voice.speech.judge import stop_intent
-from voice.speech.settings import ConversationRules
+from voice.speech.conversation_policy import ConversationPolicy
+from voice.speech.speech_log import SpeechLog
 
 
 @dataclass
 class Request:
-    """An utterance (or typed text) waiting for its turn, or (`stop` set) a
-    stop the person said, waiting only to be written down in order."""
+    """Something waiting for its place in the queue, with where it lay on the
+    mic clock (typed: where the mic stood). One of the variants below."""
 
     text: str
     source: str
-    start: int  # mic sample positions of the utterance (typed: where the mic stood)
+    start: int  # mic sample positions of the utterance
     end: int
     stt_s: float
-    # Why it is no request: "stop" (a stop intent); "backchannel" or "sound" (no
-    # words, or too unsure to be words) when it had cut the reply by its length.
-    stop: str | None = None
-    stopped_turn: int | None = None
-    done: anyio.Event | None = None  # set once its turn has ended (typed turns wait on it)
-    result: TurnResult | None = None
-    # A new conversation, asked for: "asked" (the person said so), "new" (`voice ctl new`).
-    new: str | None = None
-    switched: NewConversation | None = None  # set once such a request was handled
-    asked_again: ev.ApprovalRequested | None = None  # no words: a question a crash left unanswered, asked again
+    done: anyio.Event | None = field(default=None, kw_only=True)  # set once handled (typed turns wait on it)
+    # What handling it did: the turn's result, or (words that only ask for one) the new conversation.
+    outcome: TurnResult | NewConversation | None = field(default=None, kw_only=True)
+
+
+@dataclass
+class Ask(Request):
+    """Words that ask for something: a turn (or, when they only ask for a
+    new conversation, that)."""
+
+
+@dataclass
+class Stop(Request):
+    """The person's stop, waiting only to be written down in order."""
+
+    # "stop" (a stop intent); "backchannel" or "sound" (no words, or too unsure
+    # to be words) when it had cut the reply by its length.
+    intent: str = field(kw_only=True)
+    stopped_turn: int | None = field(default=None, kw_only=True)
+
+
+@dataclass
+class StartOver(Request):
+    """`voice ctl new`: the conversation ends in its place in the queue."""
+
+
+@dataclass
+class AskAgain(Request):
+    """No words: a question a crash left unanswered, asked again in a turn of its own."""
+
+    asked: ev.ApprovalRequested = field(kw_only=True)
 
 
 @dataclass
@@ -84,17 +103,17 @@ class TurnRunner:
 
     def __init__(self, agent: AgentLoop, store: EventStore, buffer: PlaybackBuffer, *,
                  transcript: Callable[[str], None], aside: Callable[[str], None] | None = None, queue: int = 16,
-                 keep: int | None = 64, conversations: ConversationRules | None = None,
-                 notice: Callable[[str], Awaitable[None]] | None = None,
-                 before_turn: Callable[[], None] = lambda: None):
+                 keep: int | None = 64, conversations: ConversationPolicy | None = None,
+                 notice: Callable[[str], Awaitable[None]] | None = None, log: SpeechLog | None = None):
         self.agent = agent
         self.store = store
         self.buffer = buffer
         self.transcript = transcript
         self.aside = aside
-        self.before_turn = before_turn  # the session notes the device's clock (audio/clock) there
+        self.log = log  # audio/clock before each turn, user/stop in its place (voice.speech.speech_log)
         self.turns: deque[TurnInfo] = deque(maxlen=keep)
-        self.rules = conversations or ConversationRules()
+        self.conversations = conversations or ConversationPolicy(agent, store)  # voice.speech.conversation_policy
+        self.rules = self.conversations.rules
         self.notice = notice  # says the new conversation's acknowledgement
         self.waiting = 0  # requests submitted whose turn has not ended
         self._send, self._receive = anyio.create_memory_object_stream[Request](queue)
@@ -122,14 +141,12 @@ class TurnRunner:
     async def say(self, text: str, source: str, position: int) -> TurnResult | NewConversation:
         """A typed turn, answered like a spoken one; returns its result (or,
         for text that only asks for a new conversation, what that did)."""
-        request = Request(text, source, position, position, 0.0, done=anyio.Event())
+        request = Ask(text, source, position, position, 0.0, done=anyio.Event())
         await self.submit(request)
         await request.done.wait()
-        if request.switched is not None:
-            return request.switched
-        if request.result is None:
+        if request.outcome is None:
             raise anyio.ClosedResourceError("the assistant stopped before this turn ran")
-        return request.result
+        return request.outcome
 
     def mark_cut(self, onset: int) -> None:
         """The running turn was cut by speech that began at `onset`."""
@@ -148,20 +165,13 @@ class TurnRunner:
         Meanwhile the idle gap ends the conversation when it passes."""
         async with anyio.create_task_group() as tg:
             if self.rules.idle_gap_s is not None:
-                tg.start_soon(self._end_when_idle, self.rules.idle_gap_s)
+                # (a request queued or running ends it in its place)
+                tg.start_soon(self.conversations.end_when_idle, self._quiet)
             await self._answer()
             tg.cancel_scope.cancel()
 
-    async def _end_when_idle(self, gap_s: float) -> None:
-        """End the conversation as soon as the idle gap passes, not only at
-        the next request: `voice ctl status`, `history --list` and the log
-        then say it ended. A request queued or running ends it in its place."""
-        while True:
-            idle = self._idle()  # one read of the log a wake-up
-            if idle is not None and idle >= gap_s and not self.waiting and self._running is None and not self._closed:
-                self._switch("idle", idle_s=idle)
-                idle = None
-            await anyio.sleep(max(0.1, gap_s - (idle or 0.0)))
+    def _quiet(self) -> bool:
+        return not self.waiting and self._running is None and not self._closed
 
     async def _answer(self) -> None:
         async with self._receive, anyio.create_task_group() as early_tasks:
@@ -173,8 +183,8 @@ class TurnRunner:
                             await self._handle(request)
                     finally:
                         self._done(request)
-                    if request.result is not None and not self.waiting and not self._closed:
-                        await self.agent.summarize_after(request.result.turn)  # a request that comes cancels it
+                    if isinstance(request.outcome, TurnResult) and not self.waiting and not self._closed:
+                        await self.agent.summarize_after(request.outcome.turn)  # a request that comes cancels it
             finally:
                 self._early_tasks = None
                 self.drop_early()
@@ -193,10 +203,10 @@ class TurnRunner:
         self.drop_early()
         if self._early_tasks is None or self._closed or self.waiting or self.agent.busy:
             return
-        if self.rules.new_phrases and stop_intent(text, self.rules.new_phrases):
+        if self.conversations.asks_new(text):
             return  # "start over" asks the model nothing
         # After the idle gap the turn will open a new conversation: the request it sends has no history.
-        self._early = self.agent.start_early(text, fresh=self._idle_s() is not None)
+        self._early = self.agent.start_early(text, fresh=self.conversations.idle_s() is not None)
         self.early_starts += 1
         self._early_tasks.start_soon(self._early.run)
 
@@ -208,7 +218,7 @@ class TurnRunner:
 
     def _take_early(self, request: Request) -> EarlyStart | None:
         early = self._early
-        if early is not None and request.stop is None and request.text == early.text:
+        if early is not None and isinstance(request, Ask) and request.text == early.text:
             self._early = None
             self.early_used += 1
             return early
@@ -219,35 +229,36 @@ class TurnRunner:
         self.waiting -= 1
         if request.done is not None:
             request.done.set()
+        self.conversations.changed()  # the idle watcher may now end the conversation
 
     async def new_conversation(self, position: int) -> str:
         """`voice ctl new`: end the conversation in its place in the queue
         (after the running turn); returns the conversation that follows."""
-        request = Request("", "ctl", position, position, 0.0, done=anyio.Event(), new="new")
+        request = StartOver("", "ctl", position, position, 0.0, done=anyio.Event())
         await self.submit(request)
         await request.done.wait()
         return self.conversation
 
     async def _handle(self, request: Request) -> None:
         early = self._take_early(request)  # dropped unless this turn asks exactly what it answers
-        if request.stop != "sound" and request.new != "new" and request.asked_again is None:
+        sound = isinstance(request, Stop) and request.intent == "sound"
+        if isinstance(request, (Ask, Stop)) and not sound:
             self.transcript(f"you: {request.text}")
-        if request.stop is not None:
-            self._record_stop(request)
+        if isinstance(request, Stop):
+            if self.log is not None:
+                self.log.user_stop(request.text, request.source, request.intent, request.stopped_turn)
             if self.aside is not None:
-                what = {"stop": "a stop", "backchannel": "a backchannel"}.get(request.stop, "a sound")
+                what = {"stop": "a stop", "backchannel": "a backchannel"}.get(request.intent, "a sound")
                 self.aside(f"({what}: not a request, so nothing more is said)")
             return
-        self._end_if_idle()
-        if request.new is None and self.rules.new_phrases and stop_intent(request.text, self.rules.new_phrases):
-            request.new = "asked"
-        if request.new is not None:
+        self.conversations.end_if_idle()
+        asked = isinstance(request, Ask) and self.conversations.asks_new(request.text)
+        if asked or isinstance(request, StartOver):
             if early is not None:  # "start over" asks for no answer
                 self.agent.drop_early(early)
-            before = self.conversation
-            self._switch(request.new, words=request.text if request.new == "asked" else None)
-            request.switched = NewConversation(before, self.conversation)
-            if self.rules.new_reply and self.notice is not None and request.new == "asked":
+            request.outcome = self.conversations.switch("asked" if asked else "new",
+                                                        words=request.text if asked else None)
+            if asked and self.rules.new_reply and self.notice is not None:
                 await self.notice(self.rules.new_reply)
             return
         info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
@@ -257,10 +268,12 @@ class TurnRunner:
         audio = None
         if request.source == "voice":
             audio = {"start": request.start, "end": request.end, "stt_ms": round(request.stt_s * 1000, 1)}
-        self.before_turn()
+        if self.log is not None:
+            self.log.clock()  # the device's clock, paired with the log's, before the turn
         try:
-            request.result = await self.agent.run_turn(request.text, source=request.source, audio=audio, early=early,
-                                                       asked_again=request.asked_again)
+            request.outcome = await self.agent.run_turn(
+                request.text, source=request.source, audio=audio, early=early,
+                asked_again=request.asked if isinstance(request, AskAgain) else None)
         except anyio.get_cancelled_exc_class():  # shutdown: the turn closed `interrupted`
             started = self.store.events(self.conversation, types={ev.TURN_START}, after_seq=before)
             if started:
@@ -270,38 +283,11 @@ class TurnRunner:
             self._running = None
             if early is not None and not early.taken:  # the turn ended before its first request
                 self.agent.drop_early(early)
-        info.turn = request.result.turn
+        info.turn = request.outcome.turn
         if info.barge_in_onset is not None:  # the acknowledgement: output paused (or cleared) after the onset
             marks = sorted(self.buffer.pauses + self.buffer.clears)
             info.clear_position = next((c for c in marks if c >= info.barge_in_onset), None)
         self._print_reply(info.turn)
-
-    def _end_if_idle(self) -> None:
-        """The conversation ends once `idle_gap_s` passed without activity
-        (on the log's clock: wall time, or a replay's virtual time)."""
-        idle = self._idle_s()
-        if idle is not None:
-            self._switch("idle", idle_s=idle)
-
-    def _idle_s(self) -> float | None:
-        """How long the conversation has been idle, once that is past the gap."""
-        gap_s = self.rules.idle_gap_s
-        idle = self._idle() if gap_s is not None else None
-        return idle if idle is not None and idle >= gap_s else None
-
-    def _idle(self) -> float | None:
-        """Seconds since the conversation's latest activity (None: none yet), on
-        the log's clock (wall time, or a replay's virtual time)."""
-        last = last_activity(self.store, self.conversation)
-        return None if last is None else max(0.0, time.time() - last)
-
-    def _switch(self, reason: str, *, idle_s: float | None = None, words: str | None = None) -> None:
-        """End the conversation (unless nothing happened in it yet) and
-        answer from now on in a new one."""
-        before = self.conversation
-        self.agent.conversation = end_and_open(self.store, before, reason, idle_s=idle_s, words=words)
-        if self.conversation != before and self.aside is not None:
-            self.aside(f"(conversation ended: {reason}; new conversation {self.conversation})")
 
     def _print_reply(self, turn: int) -> None:
         """`assistant: …` with `[stopped]` when the reply ended early, however it ended."""
@@ -310,10 +296,3 @@ class TurnRunner:
         if reply.delivered_text or stopped:
             self.transcript(" ".join(p for p in ("assistant:", reply.delivered_text, "[stopped]" if stopped else "")
                                      if p))
-
-    def _record_stop(self, request: Request) -> None:
-        """The person's stop: a record of what they said, in no turn of its
-        own (it is not a request), filed under the turn it stopped."""
-        self.store.record(self.conversation, UserStop(content=request.text, source=request.source,
-                                                      intent=request.stop, stopped_turn=request.stopped_turn),
-                          turn=request.stopped_turn)

@@ -1,0 +1,70 @@
+"""The voice session's log writer: every row the speech side records goes
+through this one observer, so the session and its processors write none.
+
+- `speech(body, turn)`: the barge-in controller's `speech/paused|resumed|
+  confirmed|cleared` and the listener's `listen/speech|wake`;
+- `sentences(ref, bodies)`: `speech/sentence` of a settled or stopped
+  message (from the voice surface);
+- `late(kind, ref, info)`: `late/output`, speech that came too late to be
+  used (from synthesis and the surface); the speech side's one `LateOutput`
+  writer;
+- `clock()`: `audio/clock`, the device's sample positions, so that log
+  times and recordings share one clock (at the start and before each turn);
+- `user_stop(...)`: `user/stop`, the person's stop, in its place in the
+  turn order (from the turn runner).
+
+The conversation is read at each write (the agent's current one: it
+changes when a conversation ends); the mic position likewise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from voice.agent.surface import UnitRef
+from voice.log.events import AudioClock, Body, LateOutput, SpeechSentence, UserStop
+from voice.log.store import EventStore
+
+NOTICE = "notice"  # the conversation of the assistant's own notices: part of no turn, never logged here
+
+
+class SpeechLog:
+    def __init__(self, store: EventStore, device: Any, *, conversation: Callable[[], str],
+                 mic_position: Callable[[], int]):
+        self.store = store
+        self.device = device  # an AudioDevice: its buffer and output latency
+        self._conversation = conversation
+        self._mic_position = mic_position
+
+    def speech(self, body: Body, turn: int | None) -> None:
+        """speech/* for the barge-in controller, listen/* for the listener."""
+        self.store.record(self._conversation(), body, turn=turn)
+
+    def sentences(self, ref: UnitRef, bodies: list[SpeechSentence]) -> None:
+        """speech/sentence of a settled or stopped message, for the surface."""
+        conversation = self._conversation()
+        if ref.conversation != conversation:
+            return  # the assistant's own notices are not part of any turn
+        for body in bodies:
+            self.store.record(conversation, body, turn=ref.turn, step=ref.step, attempt=ref.attempt)
+
+    def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
+        if ref.conversation == NOTICE:
+            return  # the assistant's own notices are not part of any turn
+        # (filed under the unit's own conversation: it may have ended since)
+        self.store.record(ref.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
+                          turn=ref.turn, step=ref.step, attempt=ref.attempt)
+
+    def clock(self) -> None:
+        """audio/clock: the device's sample positions now."""
+        buffer = self.device.buffer
+        self.store.record(self._conversation(), AudioClock(
+            mic=self._mic_position(), speaker=buffer.position, speaker_rate=buffer.rate,
+            output_latency=self.device.output_latency()), turn=None)
+
+    def user_stop(self, text: str, source: str, intent: str, stopped_turn: int | None) -> None:
+        """The person's stop: a record of what they said, in no turn of its
+        own (it is not a request), filed under the turn it stopped."""
+        self.store.record(self._conversation(), UserStop(content=text, source=source, intent=intent,
+                                                         stopped_turn=stopped_turn), turn=stopped_turn)
