@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.agent.surface import UnitRef
-from voice.log.events import AudioClock, Body, LateOutput, SpeechSentence, UserStop
+from voice.log.events import AudioClock, Body, SpeechSentence, UserStop
+from voice.log.late import record_late
 from voice.log.store import EventStore
 
 NOTICE = "notice"  # the conversation of the assistant's own notices: part of no turn, never logged here
@@ -53,8 +54,8 @@ class SpeechLog:
         if ref.conversation == NOTICE:
             return  # the assistant's own notices are not part of any turn
         # (filed under the unit's own conversation: it may have ended since)
-        self.store.record(ref.conversation, LateOutput(kind=kind, message_id=ref.message_id, **info),
-                          turn=ref.turn, step=ref.step, attempt=ref.attempt)
+        record_late(self.store, ref.conversation, kind, message_id=ref.message_id,
+                    turn=ref.turn, step=ref.step, attempt=ref.attempt, **info)
 
     def clock(self) -> None:
         """audio/clock: the device's sample positions now."""
