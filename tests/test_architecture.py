@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAVES = {"config", "config_schema", "errors", "paths", "logs"}
+LEAVES = {"config", "config_schema", "settings", "errors", "paths", "logs", "cli_args"}
 ALLOWED = {  # layer -> the layers of ours it may import (besides itself and the leaves)
     "log": set(),
     "audio": set(),
@@ -67,3 +67,56 @@ def test_nothing_points_outside_the_repository():
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode in (0, 1), out.stderr  # 1: nothing found
     assert out.stdout == "", "these lines point outside the repository:\n" + out.stdout
+
+
+# The modules that read the config as a dict: the loader, its rules, and the typed settings it is read into.
+CONFIG_READERS = {"voice/config.py", "voice/config_schema.py", "voice/settings.py"}
+
+
+def _subscripts_of_config(path: Path) -> list[int]:
+    """Lines where a name `config` (or an attribute `.config`) is read by key."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Subscript):
+            target = node.value
+            name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else None
+            if name == "config":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_but_the_settings_reads_the_config_by_key():
+    """The config is read once into typed settings (voice/settings.py); every
+    other module gets the section it needs as attributes."""
+    found = []
+    for path in sorted((ROOT / "voice").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in CONFIG_READERS:
+            continue
+        found += [f"{rel}:{n}" for n in _subscripts_of_config(path)]
+        found += [f"{rel}: config[" for line in path.read_text(encoding="utf-8").splitlines() if "config[" in line]
+    assert not found, "the config read by key outside voice/settings.py:\n" + "\n".join(found)
+
+
+def _calls(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            names.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+    return names
+
+
+def test_the_daemon_and_the_replay_are_one_voice_assembly_on_open_app():
+    """`voice run` and `voice replay` both open their voice through
+    open_voice, which opens the app (provider and log included) through
+    open_app; neither opens a provider, a log or the models itself."""
+    service = ROOT / "voice" / "service"
+    assert "open_app" in _calls(service / "assembly.py")
+    for entry in ("daemon.py", "replay.py"):
+        calls = _calls(service / entry)
+        assert "open_voice" in calls, entry
+        assert not calls & {"open_app", "open_provider", "EventStore", "open_store", "load_models",
+                            "build_voice_session"}, (entry, calls & {"open_app", "open_provider", "EventStore",
+                                                                     "open_store", "load_models", "build_voice_session"})
+        assert "nonlocal" not in (service / entry).read_text(encoding="utf-8"), entry
