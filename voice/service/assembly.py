@@ -5,10 +5,12 @@ on top of it: they choose the device and what the session keeps, and run
 the session. In this order:
 
 1. the provider (open_app: a bad --llm fails before anything else);
-2. the speech models (Whisper, Piper, the echo canceller), in a worker
-   thread, off the event loop; one that cannot load leaves no log behind;
-3. the log and the rest of open_app (recovery, tools, MCP servers, timers);
-4. the session on the device, in the conversation it answers in.
+2. the log and the rest of open_app (recovery, tools, MCP servers, timers),
+   and the speech models (Whisper, Piper, the echo canceller) in a worker
+   thread, off the event loop: the log first for the service (a log it
+   cannot use fails before seconds of loading), the models first for a
+   replay (`models_first`: one that cannot load leaves no log in --out);
+3. the session on the device, in the conversation it answers in.
 
 A replayed scenario (`scenario`) says how the session listens ("open"
 unless it sets [listen] mode), and its scripted replies are the provider,
@@ -54,8 +56,8 @@ class Voice:
 @asynccontextmanager
 async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scenario | None = None,
                      llm: str | None = None, stt_model: str | None = None, echo: bool | None = None,
-                     echo_required: bool = False, resume: bool = True, tools: Sequence[Any] = (),
-                     recorder: Any = None, keep: int | None = 64, verbose: bool = False,
+                     echo_required: bool = False, models_first: bool = False, resume: bool = True,
+                     tools: Sequence[Any] = (), recorder: Any = None, keep: int | None = 64, verbose: bool = False,
                      hold: Callable[[], AbstractContextManager[object]] | None = None,
                      db: str | Path | None = None, **app_options: Any) -> AsyncIterator[Voice]:
     """A voice session on `device`, answering through an app opened on
@@ -64,8 +66,9 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
     `llm`: the provider spec (default: the config's; a scenario's scripted
     replies go first); `stt_model`, `echo`: over the config's [stt] model and
     [audio] echo_cancellation; `echo_required`: no echo canceller is an error,
-    not a warning; `resume`: the latest conversation unless it ended or was
-    idle past the gap (else a new one); `tools`: added to the app's (a
+    not a warning; `models_first`: see the module docstring; `resume`: the
+    latest conversation unless it ended or was idle past the gap (else a
+    new one); `tools`: added to the app's (a
     replay's stand-ins); `recorder`, `keep`: see build_voice_session;
     `hold`: around work the event loop cannot see (a replay's clock);
     `db` and `app_options` go to open_app."""
@@ -81,11 +84,13 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
             return await anyio.to_thread.run_sync(lambda: load_models(
                 settings, device.out_rate, stt_model=stt_model, echo_cancellation=echo, echo_required=echo_required))
 
-    async with open_app(settings, db=db, llm=scripted or llm, hold=hold, before_log=load, **app_options) as app:
+    async with open_app(settings, db=db, llm=scripted or llm, hold=hold, before_log=load if models_first else None,
+                        **app_options) as app:
+        models = app.prepared if models_first else await load()
         for tool in tools:
             app.tools.add(tool)
         conversation = resume_or_new(app.store, settings.conversation.idle_gap_s) if resume else new_conversation_id()
-        session = build_voice_session(app, device, app.prepared, voice_settings, conversation=conversation,
+        session = build_voice_session(app, device, models, voice_settings, conversation=conversation,
                                       aside=(lambda line: print(line, flush=True)) if verbose else None,
                                       recorder=recorder, play_at=scenario.play_at(device.out_rate) if scenario else None,
                                       keep=keep)

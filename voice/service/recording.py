@@ -51,7 +51,7 @@ REPLAYED_SETTINGS = ("vad", "turn_end", "stt", "tts", "barge_in", "listen", "con
 TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
 
 
-def save_session(directory: Path, recorder: Recorder, store: EventStore, config: Settings,
+def save_session(directory: Path, recorder: Recorder, store: EventStore, config: Settings | Mapping[str, Any],
                  *, since_seq: int) -> dict[str, Any]:
     """Write the recording, the session's events (those after `since_seq`,
     of every conversation it held: `voice ctl new`, "start over" and the
@@ -256,7 +256,7 @@ def _value(v: Any) -> str:
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
                    plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any], *, blocks: bool) -> str:
-    settings = Settings.of(config)
+    settings = Settings.of(config)  # (a test may save with a checked config dict)
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
         "#   voice replay scenario.toml --out OUT      (it reads config.toml beside it)",

@@ -13,7 +13,6 @@ import errno
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,13 @@ from voice.settings import Settings
 
 
 
-def run_replay(scenario_path: Path, out: Path, config: Settings | Mapping[str, Any], *, realtime: bool = False,
+def run_replay(scenario_path: Path, out: Path, settings: Settings, *, realtime: bool = False,
                stt_model: str | None = None, verbose: bool = False) -> dict[str, Any]:
     clock = VirtualClock()
     if not realtime:
         clock.install()  # before pipecat is imported: its frames capture time.time at import
     try:
-        return _run(scenario_path, out, Settings.of(config), realtime, stt_model, clock, verbose)
+        return _run(scenario_path, out, settings, realtime, stt_model, clock, verbose)
     except (OSError, sqlite3.OperationalError, BaseExceptionGroup) as exc:
         if not _disk_full(exc):
             raise
@@ -82,7 +81,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
         # the clock holds while it runs (`hold`).
         async with open_voice(settings, device, scenario=scenario, llm=scenario.llm, tools=tools,
                               stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
-                              echo_required=True, resume=False, keep=None,  # finite: its summary reads every turn
+                              echo_required=True, models_first=True, resume=False, keep=None,  # finite: its summary reads every turn
                               verbose=verbose, hold=clock.busy, db=out / "events.db", data_dir=out / "data",
                               recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
