@@ -92,8 +92,8 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
         conversation = resume_or_new(app.store, settings.conversation.idle_gap_s) if resume else new_conversation_id()
         session = build_voice_session(app, device, models, voice_settings, conversation=conversation,
                                       aside=(lambda line: print(line, flush=True)) if verbose else None,
-                                      recorder=recorder, play_at=scenario.play_at(device.out_rate) if scenario else None,
-                                      keep=keep)
+                                      recorder=recorder, keep=keep,
+                                      play_at=scenario.play_at(device.out_rate) if scenario else None)
         if isinstance(device, ReplayDevice):
             device.idle = session.idle  # it asks whether all is quiet before the next clip
         listen = voice_settings.listen

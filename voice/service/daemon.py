@@ -202,7 +202,7 @@ def run_daemon(settings: Settings, db: str | None, llm_spec: str | None, replay:
     socket = checked_socket_path(settings.service.socket_path)  # not private: fails before the models load
     device, scenario = _open_device(settings, replay)
     made = _made_by_us(record)
-    recorder = _recorder(settings.record.ring_s, record)  # a --record directory it cannot use fails before the models load
+    recorder = _recorder(settings.record.ring_s, record)  # a --record directory it cannot use: before the models load
     daemon = _Daemon(settings, socket, device, scenario, recorder, record, db, llm_spec, verbose)
     try:
         anyio.run(daemon.main)

@@ -81,7 +81,8 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
         # the clock holds while it runs (`hold`).
         async with open_voice(settings, device, scenario=scenario, llm=scenario.llm, tools=tools,
                               stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
-                              echo_required=True, models_first=True, resume=False, keep=None,  # finite: its summary reads every turn
+                              echo_required=True, models_first=True, resume=False,
+                              keep=None,  # finite: its summary reads every turn
                               verbose=verbose, hold=clock.busy, db=out / "events.db", data_dir=out / "data",
                               recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
