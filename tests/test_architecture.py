@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAVES = {"config", "config_schema", "errors", "paths", "logs"}
+LEAVES = {"config", "config_schema", "settings", "errors", "paths", "logs", "cli_args"}
 ALLOWED = {  # layer -> the layers of ours it may import (besides itself and the leaves)
     "log": set(),
     "audio": set(),
@@ -77,9 +77,7 @@ def test_nothing_points_outside_the_repository():
 
 # Callers in modules that another change of #25 rewrites: they move to the
 # one writer named here when those changes merge (then this dict is emptied).
-AWAITING_MERGE: dict[str, set[str]] = {
-    "LateOutput": {"voice/speech/session.py", "voice/app.py"},  # -> voice.log.late.record_late
-}
+AWAITING_MERGE: dict[str, set[str]] = {}  # (emptied when #25's changes merged: every writer is one module)
 
 
 def _body_classes() -> set[str]:
@@ -144,3 +142,55 @@ def test_the_store_has_one_recording_path():
     from voice.log.store import EventStore
 
     assert not hasattr(EventStore, "append"), "the untyped EventStore.append is gone: record a body"
+
+# The modules that read the config as a dict: the loader, its rules, and the typed settings it is read into.
+CONFIG_READERS = {"voice/config.py", "voice/config_schema.py", "voice/settings.py"}
+
+
+def _subscripts_of_config(path: Path) -> list[int]:
+    """Lines where a name `config` (or an attribute `.config`) is read by key."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Subscript):
+            target = node.value
+            name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else None
+            if name == "config":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_but_the_settings_reads_the_config_by_key():
+    """The config is read once into typed settings (voice/settings.py); every
+    other module gets the section it needs as attributes."""
+    found = []
+    for path in sorted((ROOT / "voice").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in CONFIG_READERS:
+            continue
+        found += [f"{rel}:{n}" for n in _subscripts_of_config(path)]
+        found += [f"{rel}: config[" for line in path.read_text(encoding="utf-8").splitlines() if "config[" in line]
+    assert not found, "the config read by key outside voice/settings.py:\n" + "\n".join(found)
+
+
+def _calls(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            names.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+    return names
+
+
+def test_the_daemon_and_the_replay_are_one_voice_assembly_on_open_app():
+    """`voice run` and `voice replay` both open their voice through
+    open_voice, which opens the app (provider and log included) through
+    open_app; neither opens a provider, a log or the models itself."""
+    service = ROOT / "voice" / "service"
+    assert "open_app" in _calls(service / "assembly.py")
+    for entry in ("daemon.py", "replay.py"):
+        calls = _calls(service / entry)
+        assert "open_voice" in calls, entry
+        assert not calls & {"open_app", "open_provider", "EventStore", "open_store", "load_models",
+                            "build_voice_session"}, (entry, calls & {"open_app", "open_provider", "EventStore",
+                                                                     "open_store", "load_models", "build_voice_session"})
+        assert "nonlocal" not in (service / entry).read_text(encoding="utf-8"), entry

@@ -42,34 +42,32 @@ from voice.agent.approvals import Approvals, Grants
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv, history_budget
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
-from voice.agent.providers import Provider, open_provider
+from voice.agent.providers import Hold, Provider, open_provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
 from voice.agent.tools import ToolRegistry, default_tools
 from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
-from voice.log.events import LateOutput
+from voice.log.late import record_late
 from voice.log.store import EventStore
 from voice.log.window import MIN_HISTORY_TOKENS, scaled_estimate
 from voice.paths import config_dir
-from voice.paths import data_dir as default_data_dir
-from voice.paths import default_db
+from voice.settings import LlmSettings, PathsSettings, Settings, ToolsSettings
 
 Say = Callable[[str], Awaitable[None]]
 
 
-def loop_settings(config: dict[str, Any]) -> LoopSettings:
-    llm = config["llm"]  # (checked when the config loaded: reply_tokens at most half of context_tokens)
-    return LoopSettings(system_prompt=llm["system_prompt"], retries=llm["retries"],
-                        retry_backoff_s=llm["retry_backoff_s"], max_steps=llm["max_steps"],
-                        context_tokens=llm["context_tokens"], reply_tokens=llm["reply_tokens"])
+def loop_settings(llm: LlmSettings) -> LoopSettings:
+    # (checked when the config loaded: reply_tokens at most half of context_tokens)
+    return LoopSettings(system_prompt=llm.system_prompt, retries=llm.retries, retry_backoff_s=llm.retry_backoff_s,
+                        max_steps=llm.max_steps, context_tokens=llm.context_tokens, reply_tokens=llm.reply_tokens)
 
 
-def command_environment(config: dict[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def command_environment(tools: ToolsSettings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment of commands the assistant runs: only the variables
     named in `tools.command_env` that are set here (least privilege: no API
     key or token of the daemon's reaches a command, its output or the log)."""
-    names = config["tools"]["command_env"]
+    names = list(tools.command_env)
     bad = [n for n in names if not (isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n))]
     if bad:
         raise UsageError(f"config: tools.command_env = {names!r} must list environment variable names "
@@ -77,11 +75,11 @@ def command_environment(config: dict[str, Any], environ: Mapping[str, str] = os.
     return {n: environ[n] for n in names if n in environ}
 
 
-def open_store(config: dict[str, Any], db: str | Path | None = None, *, read_only: bool = False) -> EventStore:
+def open_store(paths: PathsSettings, db: str | Path | None = None, *, read_only: bool = False) -> EventStore:
     """The event log at `db`, else the config's, else the XDG default; a log
     that cannot be opened is one line naming the file and the fix.
     `read_only`: see EventStore (the commands that only read)."""
-    path = Path(db or config["paths"]["db"] or default_db())
+    path = paths.db_path(db)
     try:
         return EventStore(path, read_only=read_only)
     except ValueError as exc:
@@ -157,7 +155,7 @@ class Announcer:
 class App:
     """What every surface starts with. Built by `open_app` only."""
 
-    config: dict[str, Any]
+    config: Settings
     store: EventStore
     provider: Provider
     tools: ToolRegistry
@@ -166,6 +164,7 @@ class App:
     announcer: Announcer
     settings: LoopSettings
     mcp: McpServers = field(default_factory=lambda: McpServers([]))
+    prepared: Any = None  # what open_app's `before_log` made (a voice session's loaded models)
 
     @property
     def approvals(self) -> Approvals:
@@ -184,45 +183,54 @@ def mcp_servers(specs: list[ServerSpec], store: EventStore, command_env: dict[st
     no further."""
 
     def late(result: LateResult) -> None:
-        store.record(result.conversation, LateOutput(kind="mcp-result", tool_call_id=result.tool_call_id,
-                                                     server=result.server, error=result.error), turn=result.turn)
+        record_late(store, result.conversation, "mcp-result", tool_call_id=result.tool_call_id,
+                    server=result.server, error=result.error, turn=result.turn)
 
     return McpServers([McpServer(spec, command_env=command_env, environ=os.environ, on_late=late) for spec in specs])
 
 
 @asynccontextmanager
-async def open_app(config: dict[str, Any], *, db: str | Path | None = None, store: EventStore | None = None,
-                   llm: str | Provider | None = None, notice: Callable[[str], None] = lambda text: None,
-                   data_dir: Path | None = None, recovery: bool = True, mcp: bool = True,
-                   grants: Path | None = None) -> AsyncIterator[App]:
+async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | None = None,
+                   store: EventStore | None = None, llm: str | Provider | None = None,
+                   notice: Callable[[str], None] = lambda text: None, data_dir: Path | None = None,
+                   recovery: bool = True, mcp: bool = True, grants: Path | None = None, hold: Hold | None = None,
+                   before_log: Callable[[], Awaitable[Any]] | None = None) -> AsyncIterator[App]:
     """Open the assistant behind any surface (see the module docstring).
 
-    `db` names the log (or `store` is one already opened: the app closes it
-    too); `llm` is a provider spec ("auto", "openai", a URL, "scripted:FILE";
+    `config`: the typed settings (a checked config dict, as tests give
+    one, is read into them here). `db` names the log (or `store` is one
+    already opened: the app closes it too); `llm` is a provider spec ("auto", "openai", a URL, "scripted:FILE";
     default: the config's) or a provider already built (the app closes it);
     `notice` hears how the provider was chosen (e.g. the skills fallback);
     `data_dir` is where notes go (default: the XDG data folder); `mcp`:
     start the configured MCP servers (a replay does not: recorded results
     stand in for every tool); `grants`: the file of "always" answers
-    (default: the config folder's grants.json; a replay keeps its own)."""
-    spec = llm if llm is not None else config["llm"]["provider"]
+    (default: the config folder's grants.json; a replay keeps its own);
+    `hold`: around the provider's network I/O (a replay's clock); `before_log`:
+    what must fail before the log is opened (a voice session's models: one
+    that cannot load leaves no log behind), its result `App.prepared`."""
+    settings = Settings.of(config)
+    spec = llm if llm is not None else settings.llm.provider
     # The provider first: a bad --llm fails before anything else is opened.
-    provider = await open_provider(spec, config, notice=notice) if isinstance(spec, str) else spec
+    provider = await open_provider(spec, settings.llm, notice=notice, hold=hold) if isinstance(spec, str) else spec
     app: App | None = None
     try:
-        store = store if store is not None else open_store(config, db)
+        prepared = await before_log() if before_log is not None else None
+        store = store if store is not None else open_store(settings.paths, db)
         try:
-            commands = dict(config["tools"]["commands"])
+            commands = {name: list(argv) for name, argv in settings.tools.commands.items()}
             announcer = Announcer()
             timers = TimerService(store, announcer)
             approvals = Approvals(Grants(grants or config_dir() / "grants.json"),
-                                  timeout_s=config["tools"]["approval_timeout_s"])
-            env = ToolEnv(data_dir=data_dir or default_data_dir(), commands=commands,
-                          kill_after_s=config["tools"]["kill_after_s"],
+                                  timeout_s=settings.tools.approval_timeout_s)
+            env = ToolEnv(data_dir=data_dir or settings.data_dir, commands=commands,
+                          kill_after_s=settings.tools.kill_after_s,
                           services={"timers": timers, "approvals": approvals},
-                          command_env=command_environment(config))
-            app = App(config, store, provider, default_tools(commands), env, timers, announcer, loop_settings(config),
-                      mcp_servers(server_specs(config), store, env.command_env) if mcp else McpServers([]))
+                          command_env=command_environment(settings.tools))
+            app = App(settings, store, provider, default_tools(commands), env, timers, announcer,
+                      loop_settings(settings.llm),
+                      mcp_servers(server_specs(settings.mcp), store, env.command_env) if mcp else McpServers([]),
+                      prepared)
             env.services["mcp"] = app.mcp  # (status: each server's state)
             async with anyio.create_task_group() as tg:
                 await tg.start(app.mcp.run)

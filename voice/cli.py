@@ -18,140 +18,22 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from voice.cli_args import build_parser
 from voice.errors import Failed, UsageError
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+if TYPE_CHECKING:
+    from voice.settings import Settings
 
 
-def _common(p: argparse.ArgumentParser, db: str = "the event log (default: $XDG_STATE_HOME/voice/events.db)") -> None:
-    p.add_argument("--config", metavar="PATH", help="a TOML file layered over config/voice.toml")
-    p.add_argument("--db", metavar="PATH", help=db)
+def _settings(args: argparse.Namespace) -> Settings:
+    """The config, checked, with the command line's overrides, read once into the typed settings."""
+    from voice.settings import Settings
 
-
-def _llm(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
-    p.add_argument("--llm-model", metavar="NAME", help="the model to ask for (overrides llm.model), e.g. llama3.2")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="voice", description="A hands-free voice assistant that really stops when you talk over it.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("chat", help="talk to the assistant in text (Ctrl-C stops a reply)")
-    _common(p)
-    _llm(p)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--conversation", metavar="ID", help="continue this conversation (default: the latest, unless it "
-                   "ended or was idle longer than [conversation] idle_gap_s)")
-    g.add_argument("--new", action="store_true", help="start a new conversation")
-
-    p = sub.add_parser("replay", help="replay a scenario's recorded audio through the voice pipeline")
-    _common(p, db="refused: the replay's log is always a fresh OUT/events.db")
-    p.add_argument("scenario", metavar="SCENARIO.toml")
-    p.add_argument("--out", metavar="DIR", required=True,
-                   help="a new or empty folder for mic.wav, played.wav, events.db, summary.json, requests.json")
-    p.add_argument("--realtime", action="store_true", help="pace the replay at real time instead of the virtual clock")
-    p.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model")
-    p.add_argument("-v", "--verbose", action="store_true", help="also print what was heard and not acted on")
-    p.add_argument("--show", action="store_true",
-                   help="also draw every turn that was cut (all turns if none was) as OUT/turn-N.html and .png")
-
-    p = sub.add_parser("show", help="draw one turn: what was heard and said, and when (an HTML page, a PNG)",
-                       description="Draw one turn of a log: the microphone and speaker waveforms (when the log sits "
-                                   "beside a recording: voice replay --out, voice run --record, voice ctl save), "
-                                   "speech, the transcript, the reply's words where they played, the barge-in and "
-                                   "the latency parts.")
-    _common(p, db="the event log; a recording's DIR/events.db finds its mic.wav and played.wav beside it")
-    p.add_argument("turn", type=int, metavar="TURN")
-    p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
-    p.add_argument("--out", metavar="FILE.html", help="the page (self-contained, works offline)")
-    p.add_argument("--png", metavar="FILE.png", help="the same picture as a PNG")
-
-    p = sub.add_parser("run", help="the assistant as a service: listen and talk until SIGINT/SIGTERM")
-    _common(p)
-    _llm(p)
-    p.add_argument("--replay", metavar="SCENARIO.toml",
-                   help="the replay device instead of the sound card (headless machines, tests); stays up after it")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="also print what was heard and not acted on (no wake word, backchannel, echo)")
-    p.add_argument("--record", metavar="DIR",
-                   help="keep the session in DIR (new or empty): mic before echo cancellation, what played, "
-                        "the events and a scenario.toml that voice replay runs")
-
-    p = sub.add_parser("acp", help="serve the Agent Client Protocol on stdin/stdout (for editors such as Zed)")
-    _common(p)
-    _llm(p)
-
-    p = sub.add_parser("ctl", help="talk to the running daemon over its control socket",
-                       description="Talk to the running daemon. `events` prints the log's events (all of them, "
-                                   "or those after --since SEQ) and exits; with --follow it is a stream that "
-                                   "prints each new event as it is written, until Ctrl-C.")
-    _common(p, db="refused: the daemon keeps its own log (voice history --db PATH reads one)")
-    p.add_argument("cmd", choices=("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events",
-                                   "approve", "deny"))
-    p.add_argument("text", nargs="*", help="for say: the text of the turn; for save: a new directory to write "
-                                           "the last few minutes ([record] ring_s) into")
-    p.add_argument("--list", action="store_true", help="for history: list the conversations in the log")
-    p.add_argument("--always", action="store_true",
-                   help="for approve: also allow this tool of this server from now on (voice grants lists them)")
-    p.add_argument("--json", action="store_true", help="print the daemon's JSON replies (one per line)")
-    p.add_argument("--since", metavar="SEQ", type=int, help="for events: only those after this sequence number")
-    p.add_argument("--follow", action="store_true",
-                   help="for events: keep printing new events as they are written (a stream; Ctrl-C ends it); "
-                        "without --since it starts from now")
-
-    p = sub.add_parser("config", help="the effective configuration")
-    _common(p)
-    p.add_argument("action", choices=("show",))
-
-    p = sub.add_parser("doctor", help="check audio, models, LLM, config, service; say what to fix")
-    _common(p)
-    _llm(p)
-    p.add_argument("--no-load", action="store_true", help="do not load the speech models (faster)")
-
-    p = sub.add_parser("service", help="install or remove the systemd user unit")
-    p.add_argument("action", choices=("install", "uninstall"))
-
-    p = sub.add_parser("effects", help="every dispatched write and what is known of it")
-    _common(p)
-    p.add_argument("--json", action="store_true", help='print a list of {"tool", "arguments", "state", "turn"}')
-
-    p = sub.add_parser("grants", help='the "always" answers to approval questions, per MCP server and tool')
-    p.add_argument("action", nargs="?", choices=("list", "revoke"), default="list")
-    p.add_argument("server", nargs="?", help="for revoke: the server's name ([mcp.servers.NAME])")
-    p.add_argument("tool", nargs="?", help="for revoke: the tool, as voice grants lists it")
-
-    p = sub.add_parser("history", help="the model history derived from the log")
-    _common(p)
-    p.add_argument("--conversation", metavar="ID", help="default: the latest conversation")
-    p.add_argument("--json", action="store_true", help="print a JSON list of messages")
-    p.add_argument("--chat", action="store_true", help="print the chat view instead")
-    p.add_argument("--list", action="store_true",
-                   help="list the conversations (id, turns, when, how it ended, its first words)")
-
-    p = sub.add_parser("trace", help="the trajectory of one turn: each provider request and its fate")
-    _common(p)
-    p.add_argument("turn", type=int, metavar="TURN")
-    p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("fork", help="a new conversation with the history up to TURN; prints its id "
-                                    "(and, on stderr, how to continue it)")
-    _common(p)
-    p.add_argument("turn", type=int, metavar="TURN")
-    p.add_argument("--conversation", metavar="ID", help="default: the first conversation holding the turn")
-    return parser
-
-
-def _config(args: argparse.Namespace) -> dict[str, Any]:
-    return _config_with_sources(args)[0]
+    return Settings.from_config(_config_with_sources(args)[0])
 
 
 def _config_with_sources(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
@@ -169,15 +51,15 @@ def _refuse_db(args: argparse.Namespace, why: str) -> None:
         raise UsageError(f"--db: {why}")
 
 
-def _store(args: argparse.Namespace, config: dict[str, Any], *, read_only: bool = True):
+def _store(args: argparse.Namespace, settings: Settings, *, read_only: bool = True):
     """The log a command reads (history, show, trace, effects): opened
     read-only, so a mistyped --db is "no such log" and a log someone sent
     you is never changed. `fork` writes, but into a log that must exist."""
     from voice.app import open_store
 
     if not read_only:
-        open_store(config, args.db, read_only=True).close()  # exists, and is a log
-    return open_store(config, args.db, read_only=read_only)
+        open_store(settings.paths, args.db, read_only=True).close()  # exists, and is a log
+    return open_store(settings.paths, args.db, read_only=read_only)
 
 
 def _conversation_of(store, args: argparse.Namespace, turn: int | None = None) -> str:
@@ -203,19 +85,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from voice.service.chat import run_chat
     from voice.surfaces.text import TextSurface
 
-    config = _config(args)
-    surface = TextSurface(show_reasoning=config["chat"]["show_reasoning"])
+    settings = _settings(args)
+    surface = TextSurface(show_reasoning=settings.chat.show_reasoning)
+    rules = settings.conversation
 
     async def main() -> None:
-        async with open_app(config, db=args.db, llm=args.llm, notice=lambda text: print(f"[{text}]", flush=True)) as app:
-            rules = config["conversation"]
+        async with open_app(settings, db=args.db, llm=args.llm, notice=lambda text: print(f"[{text}]", flush=True)) as app:
             if args.new:
                 conversation = new_conversation_id()
             else:  # the latest, as `voice run` picks it: not if it ended or was idle past the gap
-                conversation = args.conversation or resume_or_new(app.store, rules["idle_gap_s"])
+                conversation = args.conversation or resume_or_new(app.store, rules.idle_gap_s)
             await app.announcer.attach(surface.notice)
-            await run_chat(app.agent(surface, conversation), idle_gap_s=rules["idle_gap_s"],
-                           new_phrases=tuple(rules["new_phrases"]), new_reply=rules["new_reply"])
+            await run_chat(app.agent(surface, conversation), idle_gap_s=rules.idle_gap_s,
+                           new_phrases=rules.new_phrases, new_reply=rules.new_reply)
 
     anyio.run(main)
     return 0
@@ -224,7 +106,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from voice.log.projections import chat_view, derive_messages, message_line
 
-    store = _store(args, _config(args))
+    store = _store(args, _settings(args))
     if args.list:
         return _list_conversations(store, args.json)
     conv = _conversation_of(store, args)
@@ -250,7 +132,7 @@ def _list_conversations(store, as_json: bool) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     from voice.log.projections import format_trajectory, trajectory
 
-    store = _store(args, _config(args))
+    store = _store(args, _settings(args))
     conv = _conversation_of(store, args, args.turn)
     records, outcome = trajectory(store, conv, args.turn)
     if args.json:
@@ -264,7 +146,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_fork(args: argparse.Namespace) -> int:
     from voice.log.projections import fork
 
-    store = _store(args, _config(args), read_only=False)
+    store = _store(args, _settings(args), read_only=False)
     conv = _conversation_of(store, args, args.turn)
     try:
         new = fork(store, conv, args.turn)
@@ -286,7 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.config is None and recorded.is_file():  # a recorded session replays with the settings it ran with
         args.config = str(recorded)
         print(f"using the recorded settings in {recorded}", file=sys.stderr)
-    summary = run_replay(Path(args.scenario), Path(args.out), _config(args), realtime=args.realtime,
+    summary = run_replay(Path(args.scenario), Path(args.out), _settings(args), realtime=args.realtime,
                          stt_model=args.stt_model, verbose=args.verbose)
     wrote = "events.db, summary.json" + (", requests.json" if (Path(args.out) / "requests.json").is_file() else "")
     print(f"wrote {args.out}/mic.wav, played.wav, {wrote} "
@@ -321,7 +203,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         if path is not None:
             _check_writable(Path(path))
             _check_replaceable(Path(path), kind)
-    store = _store(args, _config(args))
+    store = _store(args, _settings(args))
     conv = _conversation_of(store, args, args.turn)
     timeline = from_store(store, conv, args.turn)
     for path, write in ((args.out, write_html), (args.png, write_png)):
@@ -367,19 +249,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.record is not None and not args.record.strip():
         raise UsageError("--record needs a directory (a new or empty one), e.g. --record ~/voice-bug")
-    return run_daemon(_config(args), args.db, args.llm, Path(args.replay) if args.replay else None,
+    return run_daemon(_settings(args), args.db, args.llm, Path(args.replay) if args.replay else None,
                       verbose=args.verbose, record=Path(args.record).expanduser() if args.record is not None else None)
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
     from voice.service.acp_server import run_acp
 
-    return run_acp(_config(args), args.db, args.llm)
+    return run_acp(_settings(args), args.db, args.llm)
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
     from voice.service import ctl_format
-    from voice.service.control import request, socket_path
+    from voice.service.control import request
 
     _refuse_db(args, "voice ctl talks to the running daemon, which keeps its own log; drop --db "
                      "(to read a log file directly: voice history --db PATH)")
@@ -409,7 +291,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         if args.since is not None or not args.follow:
             payload["after"] = max(0, args.since or 0)
     show = ctl_format.as_json if args.json else ctl_format.for_people(args.cmd)
-    path = socket_path(_config(args))
+    path = _settings(args).service.socket_path
     try:
         first = anyio.run(lambda: request(path, payload, show, stream=args.cmd == "events"))
     except KeyboardInterrupt:
@@ -443,7 +325,7 @@ def cmd_service(args: argparse.Namespace) -> int:
 def cmd_effects(args: argparse.Namespace) -> int:
     from voice.agent.effects import effects
 
-    store = _store(args, _config(args))
+    store = _store(args, _settings(args))
     found = effects(store)  # read-only: a dispatch with no receipt reads as unknown
     if args.json:
         print(json.dumps([e.to_json() for e in found], ensure_ascii=False, indent=2))

@@ -149,7 +149,7 @@ def _string_table(v: Any, keys: re.Pattern[str], values: Callable[[Any], bool]) 
     return isinstance(v, dict) and all(keys.fullmatch(k) and values(x) for k, x in v.items())
 
 
-# The keys of one [mcp.servers.NAME] table (voice.agent.mcp.settings.DEFAULTS are their defaults).
+# The keys of one [mcp.servers.NAME] table (voice.settings.McpServerSettings holds their defaults).
 MCP_SERVER_KEYS: dict[str, Rule] = {
     "command": Rule('a program to run, e.g. "uvx" or "/usr/bin/node" (a stdio server)',
                     lambda v: isinstance(v, str)),

@@ -48,3 +48,20 @@ def data_dir() -> Path:
 
 def default_db() -> Path:
     return state_dir() / "events.db"
+
+
+def event_log(configured: str | Path = "") -> Path:
+    """The event log: the configured path ([paths] db or --db), else the XDG default."""
+    return Path(configured) if configured else default_db()
+
+
+def control_socket(configured: str = "") -> Path:
+    """The control socket: the configured path ([service] socket), else
+    $XDG_RUNTIME_DIR/voice/control.sock, else in the state folder (never a
+    shared /tmp path another user could create first)."""
+    if configured:
+        return Path(configured)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "voice" / "control.sock"
+    return state_dir() / "run" / "control.sock"

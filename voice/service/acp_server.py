@@ -58,11 +58,12 @@ import anyio.abc
 
 from voice.agent.loop import AgentLoop
 from voice.agent.mcp.servers import McpServers
-from voice.agent.mcp.settings import ServerSpec
 from voice.agent.tools import ToolRegistry
 from voice.app import App, mcp_servers
 from voice.errors import UsageError
 from voice.log import events as ev
+from voice.service.acp_mcp import editor_servers, run_session_servers
+from voice.settings import Settings
 from voice.surfaces.acp import AcpSurface, tool_title
 
 log = logging.getLogger("voice.acp")
@@ -225,14 +226,14 @@ class VoiceAcpAgent:
         return session
 
     async def _build(self, conversation: str) -> _Session:
-        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config["chat"]["show_reasoning"])
-        specs, refused = _specs(self.servers_given.get(conversation, []), taken={s.spec.name for s in
+        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config.chat.show_reasoning)
+        specs, refused = editor_servers(self.servers_given.get(conversation, []), taken={s.spec.name for s in
                                                                                   self.app.mcp.servers})
         servers = mcp_servers(specs, self.app.store, self.app.tool_env.command_env)
         session = _Session(surface, self.app.agent(surface, conversation), servers, pending=self.unrouted + refused)
         self.unrouted = []
         if servers.servers:
-            session.scope = await self.tg.start(_run_servers, servers)
+            session.scope = await self.tg.start(run_session_servers, servers)
             for server in servers.failed():
                 session.pending.append(f"the MCP server {server.spec.name!r} did not start: {server.error}; its "
                                        f"tools are not offered (fix: {server.fix()})")
@@ -385,39 +386,6 @@ def _within(text: str, budget: int) -> tuple[str, int]:
             "context]"), 0
 
 
-def _specs(given: list[Any], taken: set[str]) -> tuple[list[ServerSpec], list[str]]:
-    """The client's mcpServers as server specs (stdio and http), and a line
-    for each that cannot be used."""
-    specs, refused, names = [], [], set(taken)
-    for server in given:
-        kind = getattr(server, "type", None) or "stdio"
-        name = re.sub(r"[^A-Za-z0-9_-]", "_", getattr(server, "name", "") or "server")[:32] or "server"
-        if name in names:
-            refused.append(f"the MCP server {server.name!r} has the name of another server; it was not started")
-            continue
-        names.add(name)
-        if kind == "http":
-            headers = tuple((h.name, h.value) for h in server.headers or [])
-            specs.append(ServerSpec(name=name, url=server.url, given_headers=headers, given_by="editor"))
-        elif kind == "stdio" or hasattr(server, "command"):
-            env = tuple((v.name, v.value) for v in getattr(server, "env", None) or [])
-            specs.append(ServerSpec(name=name, command=server.command, args=tuple(server.args or []), env=env,
-                                    given_by="editor"))
-        else:
-            refused.append(f"the MCP server {server.name!r} uses {kind}, which this agent does not support "
-                           "(stdio and http only)")
-    return specs, refused
-
-
-async def _run_servers(servers: McpServers, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-    """A session's MCP servers, until its scope is cancelled (the session let
-    go) or the agent ends."""
-    with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
-            await tg.start(servers.run)
-            task_status.started(scope)
-
-
 async def _protocol_streams():
     """(reader, writer) on stdin / a private copy of stdout; afterwards fd 1
     and sys.stdout point at stderr, so nothing else can write to the protocol."""
@@ -437,7 +405,7 @@ async def _protocol_streams():
         sys.stdout = sys.stderr
 
 
-def run_acp(config: dict[str, Any], db: str | None, llm_spec: str | None) -> int:
+def run_acp(settings: Settings, db: str | None, llm_spec: str | None) -> int:
     """Serve ACP on stdin/stdout until end of input (or SIGINT/SIGTERM)."""
     import acp
     from acp.core import DEFAULT_STDIO_BUFFER_LIMIT_BYTES
@@ -448,7 +416,7 @@ def run_acp(config: dict[str, Any], db: str | None, llm_spec: str | None) -> int
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="voice acp: %(levelname)s %(message)s")
 
     async def main() -> None:
-        async with open_app(config, db=db, llm=llm_spec, notice=lambda text: print(text, file=sys.stderr, flush=True)) as app:
+        async with open_app(settings, db=db, llm=llm_spec, notice=lambda text: print(text, file=sys.stderr, flush=True)) as app:
             reader, writer = await _protocol_streams()
             async with anyio.create_task_group() as tg:
                 bridge = VoiceAcpAgent(app, tg)

@@ -46,7 +46,6 @@ from voice.log.feed import follow as follow_log
 from voice.log.projections import turn_reply
 from voice.log.conversations import NewConversation, ended, list_conversations
 from voice.log.store import EventStore
-from voice.paths import state_dir
 
 MAX_LINE = 64 * 1024
 MAX_DEPTH = 32
@@ -58,19 +57,10 @@ _SOCKET_PATH_MAX = 107  # sun_path, less its NUL
 COMMANDS = ("status", "say", "cancel", "mute", "unmute", "history", "new", "save", "events", "approve", "deny")
 
 
-def socket_path(config: dict[str, Any]) -> Path:
-    if config["service"]["socket"]:
-        return Path(config["service"]["socket"])
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        return Path(runtime) / "voice" / "control.sock"
-    return state_dir() / "run" / "control.sock"
-
-
-def checked_socket_path(config: dict[str, Any]) -> Path:
-    """The socket path, once its directory is known to be private and the
-    path fits in a Unix socket address; UsageError naming the fix if not."""
-    path = socket_path(config)
+def checked_socket_path(path: Path) -> Path:
+    """The socket path (voice.settings: ServiceSettings.socket_path), once
+    its directory is known to be private and the path fits in a Unix socket
+    address; UsageError naming the fix if not."""
     if len(os.fsencode(path)) > _SOCKET_PATH_MAX:
         raise UsageError(f"the control socket path {path} is longer than {_SOCKET_PATH_MAX} bytes: "
                          "set [service] socket to a shorter one")
@@ -193,15 +183,14 @@ def _cannot_save(directory: Path) -> dict[str, Any]:
 
 
 class ControlServer:
-    def __init__(self, assistant: Assistant, config: dict[str, Any], save: Save = _cannot_save):
+    def __init__(self, assistant: Assistant, path: Path, save: Save = _cannot_save):
         self.assistant = assistant
-        self.config = config
         self.save = save
-        self.path = socket_path(config)
+        self.path = path  # (ServiceSettings.socket_path)
         self.connections = 0
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        checked_socket_path(self.config)
+        checked_socket_path(self.path)
         if self.path.is_symlink() or self.path.exists():
             try:
                 probe = await anyio.connect_unix(self.path)

@@ -9,7 +9,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from voice.settings import Settings
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 # The Python that has voice's packages is this one, not whatever `python` is on PATH.
@@ -35,7 +36,7 @@ def _size_mb(paths: list[Path]) -> float:
     return sum(p.stat().st_size for p in paths if p.exists()) / 1e6
 
 
-def check_config(path: str | None, llm_model: str | None = None) -> tuple[Check, dict[str, Any] | None]:
+def check_config(path: str | None, llm_model: str | None = None) -> tuple[Check, Settings | None]:
     from voice.config import load_config_with_sources, override
     from voice.errors import UsageError
 
@@ -46,17 +47,17 @@ def check_config(path: str | None, llm_model: str | None = None) -> tuple[Check,
     except UsageError as exc:
         return Check("config", FAIL, str(exc), "fix the key named above (config/voice.toml documents every key)"), None
     origin = sorted({s for s in sources.values()}) or ["defaults only"]
-    return Check("config", OK, "valid (" + ", ".join(origin) + ")"), config
+    return Check("config", OK, "valid (" + ", ".join(origin) + ")"), Settings.from_config(config)
 
 
-def check_audio(config: dict[str, Any]) -> list[Check]:
+def check_audio(config: Settings) -> list[Check]:
     try:
         import sounddevice as sd
     except OSError as exc:
         return [Check("audio", FAIL, f"PortAudio is missing ({exc})", "apt-get install libportaudio2")]
     out = []
     for kind, key in (("input", "microphone"), ("output", "speaker")):
-        wanted = config["audio"][kind] or None
+        wanted = getattr(config.audio, kind) or None
         try:
             info = sd.query_devices(wanted, kind)
         except (sd.PortAudioError, ValueError) as exc:
@@ -68,22 +69,22 @@ def check_audio(config: dict[str, Any]) -> list[Check]:
     return out
 
 
-def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
+def check_models(config: Settings, load: bool = True) -> list[Check]:
     from voice.speech import models
 
     out = []
     try:
-        if config["stt"]["model"] == "tiny.en":
+        if config.stt.model == "tiny.en":
             folder = models.whisper_tiny_en()
             size = _size_mb(list(folder.iterdir()))
         else:
             size = sum(len(v) for v in models.whisper_base_files().values()) / 1e6
-        detail = f"whisper {config['stt']['model']}, {size:.0f} MB"
+        detail = f"whisper {config.stt.model}, {size:.0f} MB"
         if load:
             from voice.speech.stt import WhisperEngine
 
             started = time.perf_counter()
-            WhisperEngine(config["stt"]["model"], config["stt"]["threads"])
+            WhisperEngine(config.stt.model, config.stt.threads)
             detail += f", loads in {time.perf_counter() - started:.1f} s"
         out.append(Check("speech recognition", OK, detail))
     except Exception as exc:  # a model that will not load must be reported, whatever the reason
@@ -96,7 +97,7 @@ def check_models(config: dict[str, Any], load: bool = True) -> list[Check]:
             from voice.speech.tts import PiperEngine
 
             started = time.perf_counter()
-            PiperEngine(MIC_RATE, alignments=config["tts"]["alignments"])
+            PiperEngine(MIC_RATE, alignments=config.tts.alignments)
             detail += f", loads in {time.perf_counter() - started:.1f} s"
         out.append(Check("speech synthesis", OK, detail))
     except Exception as exc:  # as above
@@ -126,22 +127,22 @@ def _server_kind(base_url: str, owners: list[str]) -> str | None:
     return "Ollama" if not owners and ":11434" in base_url else None
 
 
-def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
+def check_llm(config: Settings, spec: str | None = None) -> Check:
     """Whether the configured server answers, whether it lists the configured
     model (/v1/models), and how to start one or make it serve that model.
     One GET /v1/models: note that llama-cpp-python's server ends a reply it
     is streaming when another request arrives (docs/llm-servers.md), which
     is why doctor is for a person to run, not something a turn does."""
-    spec = spec or config["llm"]["provider"]
+    spec = spec or config.llm.provider
     if spec.startswith("scripted:"):
         exists = Path(spec.removeprefix("scripted:")).exists()
         return Check("language model", OK if exists else FAIL, spec, "" if exists else "the script file is missing")
-    base_url = spec if spec.startswith("http") else config["llm"]["base_url"]
-    model = config["llm"]["model"]
+    base_url = spec if spec.startswith("http") else config.llm.base_url
+    model = config.llm.model
     fallback = spec == "auto"
     import openai
 
-    client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(config["llm"]["api_key_env"]) or "not-needed",
+    client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(config.llm.api_key_env) or "not-needed",
                            timeout=2.0, max_retries=0)
     try:
         listed = list(client.models.list())
@@ -149,7 +150,7 @@ def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
         listed = []
     except openai.AuthenticationError as exc:
         return Check("language model", WARN if fallback else FAIL, f"{base_url} refuses the API key ({exc.status_code})",
-                     f"put the key in ${config['llm']['api_key_env']} (llm.api_key_env names the variable)")
+                     f"put the key in ${config.llm.api_key_env} (llm.api_key_env names the variable)")
     except (openai.APIConnectionError, openai.APIStatusError) as exc:
         why = (f"no answer at {base_url} within 2 s (a llama.cpp server busy with a reply answers nothing "
                "else until it ends)" if isinstance(exc, openai.APITimeoutError)
@@ -183,16 +184,15 @@ def check_llm(config: dict[str, Any], spec: str | None = None) -> Check:
 from voice.log.window import MIN_HISTORY_TOKENS  # noqa: E402
 
 
-def check_context(config: dict[str, Any]) -> Check:
+def check_context(config: Settings) -> Check:
     """How much of llm.context_tokens is left for the conversation."""
     from voice.agent.loop import history_budget
-    from voice.agent.tools import default_tools
     from voice.app import loop_settings
 
-    llm = config["llm"]
-    room = history_budget(loop_settings(config), default_tools(config["tools"]["commands"]).schemas())
-    detail = (f"{room} tokens for the conversation (llm.context_tokens = {llm['context_tokens']}, less the reply's "
-              f"{llm['reply_tokens']}, the system prompt and the tool schemas)")
+    llm = config.llm
+    room = history_budget(loop_settings(llm), _builtin_tools(config).schemas())
+    detail = (f"{room} tokens for the conversation (llm.context_tokens = {llm.context_tokens}, less the reply's "
+              f"{llm.reply_tokens}, the system prompt and the tool schemas)")
     if room < MIN_HISTORY_TOKENS:
         return Check("context budget", WARN, detail + f": under {MIN_HISTORY_TOKENS}, requests carry little more "
                      "than the newest request, and no summary of older turns fits",
@@ -200,14 +200,13 @@ def check_context(config: dict[str, Any]) -> Check:
     return Check("context budget", OK, detail)
 
 
-def check_service(config: dict[str, Any]) -> list[Check]:
-    from voice.service.control import socket_path
+def check_service(config: Settings) -> list[Check]:
     from voice.service.unit import unit_path
 
     unit = unit_path()
     out = [Check("service unit", OK if unit.exists() else WARN, str(unit) if unit.exists() else "not installed",
                  "voice service install")]
-    sock = socket_path(config)
+    sock = config.service.socket_path
     if sock.exists():
         mode = sock.stat().st_mode & 0o777
         out.append(Check("control socket", OK if mode == 0o600 else WARN, f"{sock} (mode {mode:o})",
@@ -218,11 +217,9 @@ def check_service(config: dict[str, Any]) -> list[Check]:
     return out
 
 
-def check_log(config: dict[str, Any], db: str | None) -> Check:
+def check_log(config: Settings, db: str | None) -> Check:
     """Where `voice run` would keep its log, and whether it can."""
-    from voice.paths import default_db
-
-    path = Path(db or config["paths"]["db"] or default_db())
+    path = config.paths.db_path(db)
     if path.exists():
         ok = path.is_file() and os.access(path, os.R_OK | os.W_OK)
         return Check("event log", OK if ok else FAIL, f"{path} ({path.stat().st_size / 1e6:.1f} MB)",
@@ -233,7 +230,7 @@ def check_log(config: dict[str, Any], db: str | None) -> Check:
                  f"{parent} is not a directory this user can write: give another --db or paths.db")
 
 
-def check_mcp(config: dict[str, Any]) -> list[Check]:
+def check_mcp(config: Settings) -> list[Check]:
     """Each MCP server started as `voice run` starts it: running or not and
     why, its tools (read, write, destructive, asks first), the fix; then the
     "always" grants. A server that does not start is a warning: the
@@ -245,10 +242,10 @@ def check_mcp(config: dict[str, Any]) -> list[Check]:
     from voice.agent.mcp.servers import McpServer, McpServers
     from voice.agent.mcp.settings import server_specs
 
-    specs = server_specs(config)
+    specs = server_specs(config.mcp)
     if not specs:
         return [Check("mcp servers", OK, "none configured ([mcp.servers.NAME] in the config adds one)")]
-    servers = McpServers([McpServer(spec, command_env=command_environment(config), environ=os.environ)
+    servers = McpServers([McpServer(spec, command_env=command_environment(config.tools), environ=os.environ)
                           for spec in specs])
     out: list[Check] = []
 
@@ -285,16 +282,14 @@ def check_mcp(config: dict[str, Any]) -> list[Check]:
     return out
 
 
-def _schema_budget(config: dict[str, Any], tools: list) -> Check:
+def _schema_budget(config: Settings, tools: list) -> Check:
     """Every request carries the tool schemas: what the MCP servers' take of
     the context, and what is left for the conversation."""
     from voice.agent.loop import history_budget
-    from voice.agent.tools import default_tools
     from voice.app import loop_settings
 
-    settings = loop_settings(config)
-    builtin = [t.schema() for t in (default_tools(config["tools"]["commands"]).get(n)
-                                    for n in default_tools(config["tools"]["commands"]).names())]
+    settings = loop_settings(config.llm)
+    builtin = [t.schema() for t in (_builtin_tools(config).get(n) for n in _builtin_tools(config).names())]
     left = history_budget(settings, builtin + [t.schema() for t in tools])
     before = history_budget(settings, builtin)
     detail = (f"the {len(tools)} MCP tools' schemas take {before - left} of the {before} tokens the conversation "
@@ -303,6 +298,12 @@ def _schema_budget(config: dict[str, Any], tools: list) -> Check:
         return Check("mcp tool schemas", WARN, detail, "offer fewer tools (mcp.servers.NAME.allow or deny), or raise "
                                                        "llm.context_tokens to your server's context")
     return Check("mcp tool schemas", OK, detail)
+
+
+def _builtin_tools(config: Settings):
+    from voice.agent.tools import default_tools
+
+    return default_tools({name: list(argv) for name, argv in config.tools.commands.items()})
 
 
 def _kind(tool) -> str:

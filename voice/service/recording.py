@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from voice.audio.recording import BLOCKS, Recorder, private_file
 from voice.log import events as ev
 from voice.log.events import Event
 from voice.log.store import EventStore
+from voice.settings import Settings
 
 # The settings that decide what a replay does with the same sound: when
 # speech starts and a turn ends, what is recognised, how a barge-in is
@@ -49,7 +51,7 @@ REPLAYED_SETTINGS = ("vad", "turn_end", "stt", "tts", "barge_in", "listen", "con
 TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
 
 
-def save_session(directory: Path, recorder: Recorder, store: EventStore, config: dict[str, Any],
+def save_session(directory: Path, recorder: Recorder, store: EventStore, config: Settings | Mapping[str, Any],
                  *, since_seq: int) -> dict[str, Any]:
     """Write the recording, the session's events (those after `since_seq`,
     of every conversation it held: `voice ctl new`, "start over" and the
@@ -256,8 +258,8 @@ def _value(v: Any) -> str:
 
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   plays: list[tuple[str, int, float]], config: dict[str, Any], *, blocks: bool) -> str:
-    listen = config["listen"]
+                   plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any], *, blocks: bool) -> str:
+    settings = Settings.of(config)  # (a test may save with a checked config dict)
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
         "#   voice replay scenario.toml --out OUT      (it reads config.toml beside it)",
@@ -266,12 +268,12 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         "timing = \"recorded\"   # inference takes no time: the recording's times below stand for it",
         f"tail = {TAIL_S}",
         f"max_duration = {round(duration_s + 60.0, 1)}",
-        f"stt_model = {_value(config['stt']['model'])}",
+        f"stt_model = {_value(settings.stt.model)}",
         "",
         "[listen]",
-        f"mode = {_value(listen['mode'])}",
-        f"window_s = {_value(float(listen['window_s']))}",
-        f"echo_cancellation = {_value(config['audio']['echo_cancellation'])}",
+        f"mode = {_value(settings.listen.mode)}",
+        f"window_s = {_value(float(settings.listen.window_s))}",
+        f"echo_cancellation = {_value(settings.audio.echo_cancellation)}",
         "",
         "[[user]]",
         'audio = "mic.wav"',
@@ -296,12 +298,15 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
     return "\n".join(lines) + "\n"
 
 
-def config_toml(config: dict[str, Any]) -> str:
-    """The settings of REPLAYED_SETTINGS as a config file."""
+def config_toml(config: Settings | Mapping[str, Any]) -> str:
+    """The settings of REPLAYED_SETTINGS as a config file (`config`: the
+    typed settings, or a checked config dict)."""
+    settings = Settings.of(config)
     tables: dict[str, dict[str, Any]] = {}
     for name in REPLAYED_SETTINGS:
         section, _, key = name.partition(".")
-        values = {key: config[section][key]} if key else config[section]
+        table = settings.table(section)
+        values = {key: table[key]} if key else table
         tables.setdefault(section, {}).update({k: v for k, v in values.items() if not isinstance(v, dict)})
     lines = ["# The settings this session ran with that decide a replay's outcome (see voice/service/recording.py)."]
     for section, values in tables.items():

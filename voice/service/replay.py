@@ -19,16 +19,17 @@ from typing import Any
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.device import MIC_RATE
 from voice.errors import Failed, UsageError
+from voice.settings import Settings
 
 
 
-def run_replay(scenario_path: Path, out: Path, config: dict[str, Any], *, realtime: bool = False,
+def run_replay(scenario_path: Path, out: Path, settings: Settings, *, realtime: bool = False,
                stt_model: str | None = None, verbose: bool = False) -> dict[str, Any]:
     clock = VirtualClock()
     if not realtime:
         clock.install()  # before pipecat is imported: its frames capture time.time at import
     try:
-        return _run(scenario_path, out, config, realtime, stt_model, clock, verbose)
+        return _run(scenario_path, out, settings, realtime, stt_model, clock, verbose)
     except (OSError, sqlite3.OperationalError, BaseExceptionGroup) as exc:
         if not _disk_full(exc):
             raise
@@ -47,23 +48,19 @@ def _disk_full(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
 
 
-def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dict[str, Any]:
+def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, verbose) -> dict[str, Any]:
     import anyio
 
     from voice.logs import quiet_pipecat
 
     quiet_pipecat()
 
-    from voice.agent.providers import open_provider
     from voice.agent.providers.scripted import ScriptedProvider
-    from voice.app import open_app
     from voice.audio.recording import private_directory
     from voice.audio.replay_device import ReplayDevice
     from voice.audio.wav import write_wav
-    from voice.log.store import EventStore, new_conversation_id
+    from voice.service.assembly import not_yet_idle, open_voice
     from voice.service.scenario import load_scenario
-    from voice.speech.builder import build_voice_session, load_models
-    from voice.speech.settings import VoiceSettings
 
     try:
         scenario = load_scenario(scenario_path)
@@ -74,50 +71,35 @@ def _run(scenario_path, out, config, realtime, stt_model, clock, verbose) -> dic
         private_directory(out)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--out: {_reason(exc)}") from None
-    aec_on = scenario.echo_cancellation if scenario.echo_cancellation is not None else config["audio"]["echo_cancellation"]
-    settings = VoiceSettings.from_config(config, listen_mode=scenario.listen_mode, window_s=scenario.window_s)
-    running: list[Any] = []
-    device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle(), realtime=realtime)
-    scripted = scenario.scripted_provider(clock=lambda: device.position / MIC_RATE)
-    llm = scripted or scenario.llm or config["llm"]["provider"]
-    outcome: dict[str, Any] = {}
+    device = ReplayDevice(scenario, idle=not_yet_idle, realtime=realtime)
+    tools = [_scenario_tool([t for t in scenario.tools if t.name == name])
+             for name in dict.fromkeys(t.name for t in scenario.tools)]
 
-    async def main() -> None:
-        provider = scripted
-        if provider is None:
-            with clock.busy():  # a real server's answer is network I/O: the clock must not jump over it
-                provider = _OnVirtualClock(await open_provider(llm, config), clock)
-        # The models first: one that cannot load (a bad stt_model) leaves no log behind in --out
-        models = load_models(config, MIC_RATE, stt_model=stt_model or scenario.stt_model,
-                             echo_cancellation=aec_on, echo_required=True)
-        store = EventStore(out / "events.db")
-        # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover.
-        async with open_app(config, store=store, llm=provider, data_dir=out / "data", recovery=False,
-                            mcp=False, grants=out / "grants.json") as app:  # recorded results stand in for every tool: no MCP server starts
-            for name in dict.fromkeys(t.name for t in scenario.tools):
-                app.tools.add(_scenario_tool([t for t in scenario.tools if t.name == name]))
-            session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
-                                          aside=(lambda line: print(line, flush=True)) if verbose else None,
-                                          play_at=scenario.play_at(device.out_rate),
-                                          keep=None)  # a replay is finite: its summary reads every turn
-            running.append(session)
+    async def main() -> tuple[dict[str, Any], ScriptedProvider | None]:
+        # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover; recorded
+        # results stand in for every tool: no MCP server starts. A real server's answer is network I/O:
+        # the clock holds while it runs (`hold`).
+        async with open_voice(settings, device, scenario=scenario, llm=scenario.llm, tools=tools,
+                              stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
+                              echo_required=True, models_first=True, resume=False,
+                              keep=None,  # finite: its summary reads every turn
+                              verbose=verbose, hold=clock.busy, db=out / "events.db", data_dir=out / "data",
+                              recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
             try:
-                await session.run()
+                await voice.session.run()
             finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
                 write_wav(out / "mic.wav", device.mic(), MIC_RATE)
                 write_wav(out / "played.wav", device.played(), MIC_RATE)
-            wall = time.perf_counter() - started
-            outcome["summary"] = _summary(session, device, app.store, wall)
-            if isinstance(app.provider, ScriptedProvider):  # what the model was really sent, for parity checks
+            summary = _summary(voice.session, device, voice.app.store, time.perf_counter() - started)
+            # The scenario's scripted replies (a server's provider, held on the clock, is not one)
+            scripted = voice.app.provider if isinstance(voice.app.provider, ScriptedProvider) else None
+            if scripted is not None:  # what the model was really sent, for parity checks
                 (out / "requests.json").write_text(
-                    json.dumps([list(r.messages) for r in app.provider.requests], indent=1) + "\n")
+                    json.dumps([list(r.messages) for r in scripted.requests], indent=1) + "\n")
+            return summary, scripted
 
-    if realtime:
-        anyio.run(main)
-    else:
-        run_on_virtual_clock(main(), clock)
-    summary = outcome["summary"]
+    summary, scripted = anyio.run(main) if realtime else run_on_virtual_clock(main(), clock)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     if scenario.timing == "recorded" and scripted is not None and len(scripted.requests) > len(scripted.replies):
         # The replay heard a request the recording has no reply for (it went on: that turn failed).
@@ -131,23 +113,6 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, OSError):
         return f"cannot create {exc.filename or 'the folder'}: {exc.strerror or exc}"
     return str(exc)
-
-
-class _OnVirtualClock:
-    """A provider whose waits are network I/O, which the autojump clock does
-    not see: hold the clock while its stream runs, so a real model's latency
-    is not skipped as idle time."""
-
-    def __init__(self, inner, clock: VirtualClock):
-        self.inner, self.clock, self.route = inner, clock, inner.route
-
-    async def stream(self, request):
-        with self.clock.busy():
-            async for delta in self.inner.stream(request):
-                yield delta
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def _scenario_tool(specs):

@@ -8,13 +8,14 @@ here starts a task or opens a device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pipecat.audio.vad.vad_analyzer import VADParams
 
 from voice.audio.device import MIC_RATE, AudioDevice
+from voice.settings import Settings
 from voice.speech.barge_in import BargeInController
 from voice.speech.conversation_policy import ConversationPolicy
 from voice.speech.judge import BargeInJudge
@@ -110,9 +111,10 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     return session
 
 
-def load_models(config: dict[str, Any], out_rate: int, *, stt_model: str | None = None,
+def load_models(config: Settings | Mapping[str, Any], out_rate: int, *, stt_model: str | None = None,
                 echo_cancellation: bool, echo_required: bool) -> SpeechModels:
-    """Load the speech models (blocking, seconds; progress on stderr). A
+    """Load the speech models of the settings' [stt] and [tts] (blocking,
+    seconds, so an entry point runs it in a thread; progress on stderr). A
     missing model package is a UsageError naming the package. Without the
     echo canceller the service still runs (saying so: laptop speakers will
     cut replies short) unless `echo_required`."""
@@ -123,16 +125,17 @@ def load_models(config: dict[str, Any], out_rate: int, *, stt_model: str | None 
     from voice.speech.stt import RemoteSttEngine, WhisperEngine
     from voice.speech.tts import PiperEngine
 
-    model = stt_model or config["stt"]["model"]
-    remote = config["stt"]["base_url"]
+    settings = Settings.of(config)
+    model = stt_model or settings.stt.model
+    remote = settings.stt.base_url
     try:
         if remote:  # a recognition server (stt.base_url); a scenario's own model name then means nothing
-            stt = RemoteSttEngine(remote, config["stt"]["remote_model"], config["stt"]["timeout_s"])
+            stt = RemoteSttEngine(remote, settings.stt.remote_model, settings.stt.timeout_s)
         else:
             stt = load_with_progress(f"speech recognition (whisper {model})",
-                                     lambda: WhisperEngine(model, config["stt"]["threads"]))
+                                     lambda: WhisperEngine(model, settings.stt.threads))
         tts = load_with_progress("speech synthesis (piper en_US-joe-medium)",
-                                 lambda: PiperEngine(out_rate, alignments=config["tts"]["alignments"]))
+                                 lambda: PiperEngine(out_rate, alignments=settings.tts.alignments))
     except (ModelMissing, ValueError) as exc:
         raise UsageError(str(exc)) from None
     echo = None

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voice.settings import TurnEndSettings  # the [turn_end] section (re-exported)
 from voice.speech.stt import Transcript
 
 # A complete request ends a sentence. These last words say the speaker is
@@ -60,12 +61,6 @@ OVER_REPLY_TAIL_S = 0.2
 OVER_REPLY_END_S = 1.0
 
 
-@dataclass(frozen=True)
-class TurnEndSettings:
-    speculate_s: float = 0.05  # pause after which the utterance so far is transcribed (and the silence kept)
-    end_s: float = 0.45  # silence that ends a complete request (the VAD's stop_secs ends any other)
-    min_words: int = 3  # fewer words never end early: "Stop.", "Wait." are often the start of more
-    enabled: bool = True
 
 
 def complete(text: str, stop_phrases: tuple[str, ...] = ()) -> bool:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from voice.agent.providers.base import Provider, ProviderError
 from voice.agent.providers.scripted import ScriptedProvider
 from voice.errors import UsageError
 from voice.paths import config_dir
+from voice.settings import LlmSettings
+
+# Marks network I/O as in flight (a replay's autojump clock must not jump over a real server's answer).
+Hold = Callable[[], AbstractContextManager[object]]
 
 
-def make_provider(spec: str, config: dict[str, Any]) -> Provider:
+def make_provider(spec: str, llm: LlmSettings) -> Provider:
     """Build the provider named by `spec`: "scripted:FILE", an http(s) URL of
     an OpenAI-compatible server, "openai" (the configured base_url) or "auto"."""
-    llm = config["llm"]
     if spec.startswith("scripted:"):
         try:
             return ScriptedProvider.from_file(spec.removeprefix("scripted:"))
@@ -25,22 +29,26 @@ def make_provider(spec: str, config: dict[str, Any]) -> Provider:
     if spec.startswith(("http://", "https://")):
         base_url = spec
     elif spec in ("openai", "auto"):
-        base_url = llm["base_url"]
+        base_url = llm.base_url
     else:
         raise UsageError(f"--llm {spec!r}: expected an http(s) URL, 'scripted:FILE', 'openai' or 'auto'")
     return OpenAICompatibleProvider(
         base_url=base_url,
-        model=llm["model"],
-        api_key=os.environ.get(llm["api_key_env"]) or None,
-        timeout_s=llm["timeout_s"],
+        model=llm.model,
+        api_key=os.environ.get(llm.api_key_env) or None,
+        timeout_s=llm.timeout_s,
     )
 
 
-async def open_provider(spec: str, config: dict[str, Any], notice=lambda text: None) -> Provider:
+async def open_provider(spec: str, llm: LlmSettings, notice=lambda text: None, hold: Hold | None = None) -> Provider:
     """The provider for `spec`, checked: a server that cannot be reached is a
     UsageError naming the fix, except for "auto", which then falls back to
-    the built-in skills provider (and says so through `notice`)."""
-    provider = make_provider(spec, config)
+    the built-in skills provider (and says so through `notice`). With
+    `hold`, the opening and every stream run inside it."""
+    if hold is not None:
+        with hold():
+            return _Held(await open_provider(spec, llm, notice), hold)
+    provider = make_provider(spec, llm)
     check = getattr(provider, "check_reachable", None)
     if check is None:
         return provider
@@ -51,13 +59,30 @@ async def open_provider(spec: str, config: dict[str, Any], notice=lambda text: N
         if spec == "auto":
             from voice.agent.providers.skills import SkillsProvider
 
-            notice(f"no language model answers at {config['llm']['base_url']}; using the built-in skills "
+            notice(f"no language model answers at {llm.base_url}; using the built-in skills "
                    "(timers, notes, time, commands). For open questions, run Ollama or another "
                    f"OpenAI-compatible server and set llm.base_url and llm.model in {config_dir() / 'voice.toml'} "
                    "(or pass --llm URL --llm-model NAME)")
             return SkillsProvider()
         raise UsageError(str(exc)) from None
     return provider
+
+
+class _Held:
+    """A provider whose waits are network I/O, which an autojump clock does
+    not see: held while its stream runs, so a real model's latency is not
+    skipped as idle time."""
+
+    def __init__(self, inner: Provider, hold: Hold):
+        self.inner, self.hold, self.route = inner, hold, inner.route
+
+    async def stream(self, request):
+        with self.hold():
+            async for delta in self.inner.stream(request):
+                yield delta
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 __all__ = ["Provider", "ProviderError", "make_provider", "open_provider"]
