@@ -165,7 +165,7 @@ def test_a_network_provider_on_the_replay_clock_keeps_real_latency():
 import asyncio, time
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.agent.providers.base import Finish, ProviderRoute, TextDelta
-from voice.service.replay import _OnVirtualClock
+from voice.agent.providers import _Held  # (#25: the replay's wrapper, now open_provider(hold=...)'s)
 clock = VirtualClock(); clock.install()
 
 class Remote:  # waits on a socket-like future, as an HTTP client does
@@ -183,7 +183,7 @@ async def main():
     async def ticker():  # the replay device's 20 ms ticks: timers the clock could jump to
         while True: await asyncio.sleep(0.02)
     t = asyncio.ensure_future(ticker())
-    for provider in (Remote(), _OnVirtualClock(Remote(), clock)):
+    for provider in (Remote(), _Held(Remote(), clock.busy)):
         v0 = time.monotonic()
         async for _ in provider.stream(None): pass
         print(round(time.monotonic() - v0, 2))

@@ -47,7 +47,7 @@ from voice.agent.recovery import recover
 from voice.agent.surface import Surface
 from voice.agent.tools import ToolRegistry, default_tools
 from voice.agent.tools.timers import TimerService
-from voice.errors import UsageError
+from voice.errors import UsageError, as_usage_error
 from voice.log.late import record_late
 from voice.log.store import EventStore
 from voice.log.window import MIN_HISTORY_TOKENS, scaled_estimate
@@ -80,10 +80,8 @@ def open_store(paths: PathsSettings, db: str | Path | None = None, *, read_only:
     that cannot be opened is one line naming the file and the fix.
     `read_only`: see EventStore (the commands that only read)."""
     path = paths.db_path(db)
-    try:
+    with as_usage_error(ValueError):
         return EventStore(path, read_only=read_only)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 # A sample of what requests hold, for measuring a model's tokenizer: speech

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from voice.cli_args import build_parser
-from voice.errors import Failed, UsageError
+from voice.errors import Failed, UsageError, as_usage_error
 
 if TYPE_CHECKING:
     from voice.settings import Settings
@@ -148,10 +148,8 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
     store = _store(args, _settings(args), read_only=False)
     conv = _conversation_of(store, args, args.turn)
-    try:
+    with as_usage_error(ValueError):
         new = fork(store, conv, args.turn)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     print(new)  # alone on stdout, for scripts: id=$(voice fork 3)
     db = f" --db {args.db}" if args.db else ""
     print(f"forked turn {args.turn} of {conv} into {new}; continue it with: "

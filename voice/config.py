@@ -19,35 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from voice.config_schema import type_name, validate
-from voice.errors import UsageError
-from voice.paths import config_dir
+from voice.errors import UsageError, as_usage_error
+from voice.paths import config_dir, shipped_file
+from voice.toml_file import read_toml
 
-_PACKAGED = Path(__file__).with_name("voice.toml")  # in a wheel
-_SOURCE = Path(__file__).resolve().parents[1] / "config" / "voice.toml"  # in a checkout
 ENV_PREFIX = "VOICE_"
 
 
 def defaults_path() -> Path:
-    return _PACKAGED if _PACKAGED.exists() else _SOURCE
+    return shipped_file(__file__, "voice.toml", "config")
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise UsageError(f"config file {path} is a directory: give the path of a TOML file") from None
-    except NotADirectoryError:
-        raise UsageError(f"config file {path}: a part of the path before the file name is a file, "
-                         "not a directory") from None
-    except PermissionError:
-        raise UsageError(f"config file {path} cannot be read (permission denied): "
-                         f"chmod u+r {path}, or give another file") from None
-    except OSError as exc:
-        raise UsageError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    with as_usage_error(ValueError):
+        return read_toml(path, "config file")
 
 
 

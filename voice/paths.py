@@ -65,3 +65,10 @@ def control_socket(configured: str = "") -> Path:
     if runtime and os.path.isabs(runtime):
         return Path(runtime) / "voice" / "control.sock"
     return state_dir() / "run" / "control.sock"
+
+
+def shipped_file(beside: str, name: str, checkout_dir: str) -> Path:
+    """A file the project ships: a wheel puts it beside the module `beside`
+    (its __file__), a checkout keeps it in `checkout_dir` at the root."""
+    packaged = Path(beside).with_name(name)
+    return packaged if packaged.exists() else Path(__file__).resolve().parents[1] / checkout_dir / name

@@ -87,3 +87,30 @@ def hold_newest(units: dict, keep: int = KEEP_UNITS) -> None:
     so a surface that lives for weeks holds a bounded number."""
     while len(units) > keep:
         del units[next(iter(units))]
+
+
+@dataclass
+class ShownUnit:
+    """What a surface that shows text as it comes knows of one unit."""
+    text_chars: int = 0
+    reasoning_chars: int = 0
+    closed: bool = False
+    stopped: bool = False
+
+
+class ShowsText:
+    """The unit bookkeeping of a surface that shows text as it comes (the
+    terminal, an editor): what it has shown is delivered at once."""
+
+    _units: dict[UnitRef, ShownUnit]
+
+    def open(self, ref: UnitRef) -> None:
+        self._units[ref] = ShownUnit()
+        hold_newest(self._units)
+
+    def delivered(self, ref: UnitRef) -> Delivered:
+        unit = self._units.get(ref, ShownUnit())
+        return Delivered(unit.text_chars, unit.reasoning_chars, complete=unit.closed)
+
+    async def wait_delivered(self, ref: UnitRef) -> Delivered:
+        return self.delivered(ref)  # every piece was shown before text() returned

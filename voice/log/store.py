@@ -28,6 +28,8 @@ import sqlite3
 import stat
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,10 @@ class LogDamaged(ValueError):
         self.copy = copy
 
 
+_INSERT = ("INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
+           " VALUES (?,?,?,?,?,?,?,?)")
+
+
 class EventStore(EventQueries):
     """Record and read events. One instance per process; safe to use from
     the event loop thread (a record is well under a millisecond, one of
@@ -87,27 +93,22 @@ class EventStore(EventQueries):
         self.read_only = read_only
         if read_only:
             self._db = _open_read_only(self.path)
-            try:
-                self._check_version()
+        else:
+            _prepare(self.path)
+            self._db = _open(self.path)
+        try:
+            self._check_version()
+            if read_only:
                 self._check_integrity()
                 if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
                     raise ValueError(f"{self.path} is not an event log (it has no events)")
-            except (sqlite3.DatabaseError, ValueError) as exc:
-                self._db.close()
-                if isinstance(exc, ValueError):
-                    raise
-                raise ValueError(_unreadable(self.path, exc)) from exc
-            return
-        _prepare(self.path)
-        self._db = _open(self.path)
-        try:
-            self._check_version()
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._check_integrity()
-            self._migrate()
-            _make_private(self.path)  # the -wal and -shm exist from here on
+            else:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA busy_timeout=5000")
+                self._check_integrity()
+                self._migrate()
+                _make_private(self.path)  # the -wal and -shm exist from here on
         except (sqlite3.DatabaseError, ValueError) as exc:
             self._db.close()
             if isinstance(exc, ValueError):
@@ -194,8 +195,7 @@ class EventStore(EventQueries):
             self._db.execute("PRAGMA synchronous=FULL")
         try:
             cur = self._db.execute(
-                "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
-                " VALUES (?,?,?,?,?,?,?,?)",
+                _INSERT,
                 (conversation, turn, step, attempt, type, text, at_mono, at_wall),
             )
         except sqlite3.IntegrityError as exc:
@@ -208,24 +208,30 @@ class EventStore(EventQueries):
                 self._db.execute("PRAGMA synchronous=NORMAL")
         return Event(cur.lastrowid, conversation, turn, step, attempt, type, payload, at_mono, at_wall)
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Several rows as one commit: all of them, or (on any error or a
+        cancel) none."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
     def start_turn(self, conversation: str, start: TurnStart | dict[str, Any]) -> int:
         """Allocate a new turn id (global, increasing) and log `turn/start`
         (a dict is the untyped path's payload)."""
         payload = start.payload() if isinstance(start, TurnStart) else start
         at_mono, at_wall = time.monotonic(), time.time()
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             (last,) = self._db.execute("SELECT COALESCE(MAX(turn), 0) FROM events").fetchone()
             turn = last + 1
             cur = self._db.execute(
-                "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
-                " VALUES (?,?,?,?,?,?,?,?)",
+                _INSERT,
                 (conversation, turn, None, None, TurnStart.TYPE, encode_payload(payload), at_mono, at_wall),
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self.feed.publish(Event(cur.lastrowid, conversation, turn, None, None, TurnStart.TYPE, payload, at_mono, at_wall))
         return turn
 
@@ -243,20 +249,14 @@ class EventStore(EventQueries):
         """Copy events into another conversation (forks), keeping their ids,
         payloads and times, in one transaction."""
         copies = []
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             for e in events:
                 cur = self._db.execute(
-                    "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
-                    " VALUES (?,?,?,?,?,?,?,?)",
+                    _INSERT,
                     (conversation, e.turn, e.step, e.attempt, e.type, encode_payload(e.payload), e.at_mono, e.at_wall),
                 )
                 copies.append(Event(cur.lastrowid, conversation, e.turn, e.step, e.attempt, e.type, e.payload,
                                     e.at_mono, e.at_wall))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         for copy in copies:
             self.feed.publish(copy)
 
@@ -318,8 +318,7 @@ def _open(path: Path) -> sqlite3.Connection:
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
             last = db.execute("SELECT conversation FROM events ORDER BY seq DESC LIMIT 1").fetchone()
             db.execute(
-                "INSERT INTO events(conversation, turn, step, attempt, type, payload, at_mono, at_wall)"
-                " VALUES (?,?,?,?,?,?,?,?)",
+                _INSERT,
                 (last[0] if last else "", None, None, None, RuntimeRecovery.TYPE,
                  encode_payload(RuntimeRecovery(log_damage=damage.reason, lost_commits=damage.lost_commits,
                                                 copy=str(copy)).payload()),

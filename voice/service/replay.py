@@ -18,7 +18,7 @@ from typing import Any
 
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.device import MIC_RATE
-from voice.errors import Failed, UsageError
+from voice.errors import Failed, UsageError, as_usage_error
 from voice.settings import Settings
 
 
@@ -62,10 +62,8 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
     from voice.service.assembly import not_yet_idle, open_voice
     from voice.service.scenario import load_scenario
 
-    try:
+    with as_usage_error(ValueError):
         scenario = load_scenario(scenario_path)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     clock.free_compute = scenario.timing == "recorded" and not realtime
     try:  # never over what is there: a state folder's log, a recording replayed into its own folder
         private_directory(out)
@@ -138,13 +136,23 @@ def _scenario_tool(specs):
                 destructive=first.ask_first)
 
 
+def speech_span(buffer, conversation: str, turn: int) -> tuple[int, int] | None:
+    """Device positions of the first and last played sample of a turn's
+    speech (the replay's buffer keeps every sentence it played)."""
+    spans = [buffer.span(key) for key in buffer.keys() if key[0].turn == turn and key[0].conversation == conversation]
+    spans = [s for s in spans if s is not None and s[1] > s[0]]
+    if not spans:
+        return None
+    return min(s[0] for s in spans), max(s[1] for s in spans)
+
+
 def _summary(session, device, store, wall: float) -> dict[str, Any]:
     from voice.log.projections import turn_reply
 
     turns = []
     for info in session.turns:
         reply = turn_reply(store, session.conversation, info.turn)
-        span = session.speech_span(info.turn)
+        span = speech_span(device.buffer, session.conversation, info.turn)
         barge_in_s = ack_ms = measured_from = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]

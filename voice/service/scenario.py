@@ -49,7 +49,6 @@ the last reply), `max_duration = 180` (a hard stop, seconds).
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +59,7 @@ from voice.agent.providers.scripted import (DAY_S, ScriptedProvider, ScriptedRep
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 from voice.speech.stt import STT_MODELS
+from voice.toml_file import read_toml
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
         "mic_blocks"}
@@ -135,16 +135,7 @@ def _onset(samples: np.ndarray, threshold: int = 500) -> int:
 
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"scenario not found: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"scenario {path} is a directory: give its .toml file") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read the scenario {path}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"scenario {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "scenario")
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")

@@ -8,10 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from voice.paths import config_dir
+from voice.paths import config_dir, shipped_file
 
-_TEMPLATE_PACKAGED = Path(__file__).with_name("voice.service")  # in a wheel
-_TEMPLATE_SOURCE = Path(__file__).resolve().parents[2] / "systemd" / "voice.service"  # in a checkout
 UNIT = "voice.service"
 
 
@@ -33,7 +31,7 @@ def voice_command() -> str:
 def render() -> str:
     """The unit for this install: the template's own header comment (which
     explains the placeholder) replaced by one that says what was filled in."""
-    template = _TEMPLATE_PACKAGED if _TEMPLATE_PACKAGED.exists() else _TEMPLATE_SOURCE
+    template = shipped_file(__file__, "voice.service", "systemd")
     lines = template.read_text().splitlines(keepends=True)
     body = "".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("#")):])
     command = voice_command()

@@ -52,7 +52,7 @@ from typing import Any
 
 from voice.audio.recording import read_recording_info
 from voice.audio.wav import BadAudio, read_mono16k
-from voice.errors import UsageError
+from voice.errors import UsageError, as_usage_error
 from voice.log import events as ev
 from voice.log.events import Event
 from voice.log.projections import turn_reply
@@ -85,10 +85,8 @@ def from_replay_dir(path: str | Path, turn: int) -> TurnTimeline:
     db = path / "events.db"
     if not db.is_file():
         raise UsageError(f"{path} has no events.db: give the --out directory of `voice replay` or a recording")
-    try:
+    with as_usage_error(ValueError):  # not a log, or one written by a newer voice
         store = EventStore(db, read_only=True)
-    except ValueError as exc:  # not a log, or one written by a newer voice
-        raise UsageError(str(exc)) from None
     try:
         conversations = store.conversations_of_turn(turn)
         if not conversations:
@@ -105,10 +103,8 @@ def from_store(store: EventStore, conversation: str, turn: int) -> TurnTimeline:
     recording.json when they start later than the device did, as a saved
     ring does) and a replay's summary.json."""
     path = store.path.parent
-    try:
+    with as_usage_error(ValueError):
         starts = read_recording_info(path)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     mic = _read_wav(path / "mic.wav", starts.get("mic_start", 0))
     speaker = _read_wav(path / "played.wav", starts.get("played_start", 0))
     summary = None
@@ -127,10 +123,8 @@ def from_store(store: EventStore, conversation: str, turn: int) -> TurnTimeline:
 def _read_wav(path: Path, start: int = 0) -> Waveform | None:
     if not path.is_file():
         return None
-    try:
+    with as_usage_error(BadAudio):
         return Waveform(read_mono16k(path), MIC_RATE, start / MIC_RATE)
-    except BadAudio as exc:
-        raise UsageError(str(exc)) from None
 
 
 def from_log(store: EventStore, conversation: str, turn: int, *, mic: Waveform | None = None,

@@ -302,16 +302,6 @@ class VoiceSession:
 
     # -- for replay summaries ------------------------------------------------
 
-    def speech_span(self, turn: int) -> tuple[int, int] | None:
-        """Device positions of the first and last played sample of a turn's speech."""
-        buffer = self.device.buffer
-        spans = [buffer.span(key) for key in buffer.keys() if key[0].turn == turn
-                 and key[0].conversation == self.conversation]
-        spans = [s for s in spans if s is not None and s[1] > s[0]]
-        if not spans:
-            return None
-        return min(s[0] for s in spans), max(s[1] for s in spans)
-
 
 def inference_pool() -> concurrent.futures.ThreadPoolExecutor:
     """The executor Whisper and Piper run in (the loop's default), its

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 
 from voice.agent.approvals import DENIED, GRANTED, WITHDRAWN, Answer
-from voice.agent.surface import Delivered, UnitRef, hold_newest
+from voice.agent.surface import Delivered, ShownUnit, ShowsText, UnitRef
 
 log = logging.getLogger("voice.acp")
 
@@ -48,20 +48,12 @@ CLIENT_GONE = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, an
 
 
 @dataclass
-class _Unit:
-    text_chars: int = 0
-    reasoning_chars: int = 0
-    closed: bool = False
-    stopped: bool = False
-
-
-@dataclass
-class AcpSurface:
+class AcpSurface(ShowsText):
     conn: Any  # acp AgentSideConnection (anything with `session_update(session_id=, update=)`)
     session_id: str
     show_reasoning: bool = True
     tracks_playback: bool = False
-    _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _units: dict[UnitRef, ShownUnit] = field(default_factory=dict)
     _broke_off: bool = False  # a unit with text sent was discarded: the next text says so first
     _in_flight: int = 0
     _drained: anyio.Event | None = None  # set when the last send in flight ends
@@ -97,10 +89,6 @@ class AcpSurface:
 
     # -- the Surface protocol --------------------------------------------------
 
-    def open(self, ref: UnitRef) -> None:
-        self._units[ref] = _Unit()
-        hold_newest(self._units)
-
     async def text(self, ref: UnitRef, text: str) -> None:
         from acp import update_agent_message_text
 
@@ -130,13 +118,6 @@ class AcpSurface:
         if unit is not None:
             unit.stopped = True
             self._broke_off = self._broke_off or unit.text_chars > 0
-
-    def delivered(self, ref: UnitRef) -> Delivered:
-        unit = self._units.get(ref, _Unit())
-        return Delivered(unit.text_chars, unit.reasoning_chars, complete=unit.closed)
-
-    async def wait_delivered(self, ref: UnitRef) -> Delivered:
-        return self.delivered(ref)  # every piece was sent before text() returned
 
     async def stop(self) -> None:
         for unit in self._units.values():

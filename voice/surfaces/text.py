@@ -12,18 +12,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from voice.agent.surface import Delivered, UnitRef, hold_newest
+from voice.agent.surface import Delivered, ShownUnit, ShowsText, UnitRef
 
 
 @dataclass
-class _Unit:
-    text_chars: int = 0
-    reasoning_chars: int = 0
-    closed: bool = False
-
-
-@dataclass
-class TextSurface:
+class TextSurface(ShowsText):
     out: TextIO = field(default_factory=lambda: sys.stdout)
     label: str = "assistant: "
     show_reasoning: bool = True
@@ -31,7 +24,7 @@ class TextSurface:
     # The person's next line, when the terminal can answer a question (voice chat sets it):
     # a call that needs their approval asks here (voice.agent.approvals).
     read_answer: Callable[[], Awaitable[str | None]] | None = None
-    _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _units: dict[UnitRef, ShownUnit] = field(default_factory=dict)
     _line_open: bool = False
     _kind: str | None = None  # what the open line shows: "text" or "reasoning"
 
@@ -54,10 +47,6 @@ class TextSurface:
         if self._line_open:
             self._write("\n")
             self._line_open, self._kind = False, None
-
-    def open(self, ref: UnitRef) -> None:
-        self._units[ref] = _Unit()
-        hold_newest(self._units)
 
     async def text(self, ref: UnitRef, text: str) -> None:
         unit = self._units[ref]
@@ -85,13 +74,6 @@ class TextSurface:
         if self._line_open:
             self._write(f" [{reason}]")
         self._end_line()
-
-    def delivered(self, ref: UnitRef) -> Delivered:
-        unit = self._units.get(ref, _Unit())
-        return Delivered(unit.text_chars, unit.reasoning_chars, complete=unit.closed)
-
-    async def wait_delivered(self, ref: UnitRef) -> Delivered:
-        return self.delivered(ref)
 
     async def stop(self) -> None:
         if self._line_open:

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 
 from voice.agent.providers.base import Provider, ProviderError
 from voice.agent.providers.scripted import ScriptedProvider
-from voice.errors import UsageError
+from voice.errors import UsageError, as_usage_error
 from voice.paths import config_dir
 from voice.settings import LlmSettings
 
@@ -20,10 +20,8 @@ def make_provider(spec: str, llm: LlmSettings) -> Provider:
     """Build the provider named by `spec`: "scripted:FILE", an http(s) URL of
     an OpenAI-compatible server, "openai" (the configured base_url) or "auto"."""
     if spec.startswith("scripted:"):
-        try:
+        with as_usage_error(ValueError):
             return ScriptedProvider.from_file(spec.removeprefix("scripted:"))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
     from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 
     if spec.startswith(("http://", "https://")):

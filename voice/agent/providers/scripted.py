@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import tomllib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from voice.agent.providers.base import (
     TextDelta,
     ToolCallDelta,
 )
+from voice.toml_file import read_toml
 
 _REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms",
                "text_after_tools", "at_s"}
@@ -132,12 +132,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
 
 def load_script(path: str | Path) -> list[ScriptedReply]:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"scripted LLM file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"scripted LLM file {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "scripted LLM file")
     if "reply" not in data or not isinstance(data["reply"], list):
         raise ValueError(f"scripted LLM file {path} has no [[reply]] entries")
     return parse_replies(data["reply"], str(path))

@@ -172,8 +172,6 @@ class ApprovalAnswered(Body):
     always: bool = False
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class TimerSet(Body):
     TYPE = "timer/set"

@@ -142,8 +142,6 @@ class RequestError(Body):
     retryable: bool = True
 
 
-
-
 @dataclass(frozen=True, kw_only=True)
 class ConversationFork(Body):
     TYPE = "conversation/fork"
@@ -181,7 +179,6 @@ class AcpSession(Body):
 
     TYPE = "acp/session"
     cwd: str
-
 
 
 @dataclass(frozen=True, kw_only=True)
