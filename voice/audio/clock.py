@@ -9,10 +9,15 @@ clock than they would in a live run.
 
 With `free_compute` (replaying a recorded session, whose scenario gives the
 recording's own times: when each reply came and where each sentence
-played), work in flight takes no virtual time at all: the clock stands
-still from the moment a job starts until none is left. Inference that runs
+played), computing takes no virtual time at all: the clock stands still
+and moves only by its jumps to the next timer, taken when no job is in
+flight. Inference, and the loop's own work between timers, that runs
 slower (or faster) on this machine than where the session was recorded
-then moves nothing.
+then moves nothing: the same recording replays to the same audio on any
+machine (tests/test_same_replay_twice.py). Standing still only while a job
+was in flight was not enough: the loop's own work between two jobs still
+ran on the real clock, and one replay in a few under load answered a
+20 ms block later.
 
 `time.time`, `time.monotonic` and `time.monotonic_ns` are patched process-
 wide, before pipecat is imported (its frames capture `time.time` at import),
@@ -40,35 +45,46 @@ _real_time = time.time
 
 class VirtualClock:
     def __init__(self) -> None:
-        self.offset = 0.0  # seconds skipped (less, with free_compute, the seconds stood still)
+        self.offset = 0.0  # seconds jumped (less, once free_compute ends, the seconds stood still)
         self.in_flight = 0
-        self.free_compute = False
         self._still_since: float | None = None  # real monotonic time the clock stopped at (free_compute)
+        self._still_wall = 0.0  # and the real wall-clock time then
 
-    def _stood(self) -> float:
-        """Real seconds since the clock stopped (0 while it runs)."""
-        return _real_monotonic() - self._still_since if self._still_since is not None else 0.0
+    @property
+    def free_compute(self) -> bool:
+        return self._still_since is not None
 
+    @free_compute.setter
+    def free_compute(self, on: bool) -> None:
+        if on and self._still_since is None:  # from now on only the jumps move the clock
+            self._still_since, self._still_wall = _real_monotonic(), _real_time()
+        elif not on and self._still_since is not None:
+            self.offset -= _real_monotonic() - self._still_since
+            self._still_since = None
+
+    # Standing still, the time is the moment it stopped plus the jumps, computed
+    # without a real-clock reading: a timer then fires at exactly its own time.
     def monotonic(self) -> float:
-        return _real_monotonic() + self.offset - self._stood()
+        if self._still_since is not None:
+            return self._still_since + self.offset
+        return _real_monotonic() + self.offset
 
     def monotonic_ns(self) -> int:
-        return _real_monotonic_ns() + int((self.offset - self._stood()) * 1e9)
+        if self._still_since is not None:
+            return round((self._still_since + self.offset) * 1e9)
+        return _real_monotonic_ns() + int(self.offset * 1e9)
 
     def time(self) -> float:
-        return _real_time() + self.offset - self._stood()
+        if self._still_since is not None:
+            return self._still_wall + self.offset
+        return _real_time() + self.offset
 
     def begin(self) -> None:
-        """Work went in flight (from the loop's thread)."""
+        """Work went in flight (from the loop's thread): the clock will not jump over it."""
         self.in_flight += 1
-        if self.free_compute and self.in_flight == 1:
-            self._still_since = _real_monotonic()
 
     def end(self) -> None:
         self.in_flight -= 1
-        if self._still_since is not None and self.in_flight == 0:
-            self.offset -= self._stood()
-            self._still_since = None
 
     def install(self) -> None:
         time.monotonic = self.monotonic  # type: ignore[assignment]

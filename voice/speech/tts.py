@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import soxr
 
-from voice.speech import models
+from voice.speech import models, piper_graph
 
 # Phonemes that are not part of a word: sentence start/end, space, punctuation.
 _NOT_WORD = set("^$ ,.;:!?¡¿—…\"'()")
@@ -93,11 +93,9 @@ def _set_voice_once() -> None:
 
 class PiperEngine:
     def __init__(self, rate: int, alignments: bool = True):
-        from piper import PiperVoice
-
         _set_voice_once()
         model, config = models.piper_joe()
-        self._voice = PiperVoice.load(model, config_path=config, include_alignments=alignments)
+        self._voice = piper_graph.load_voice(model, config, alignments)
         self._alignments = alignments
         self.source_rate = self._voice.config.sample_rate
         self.rate = rate
