@@ -90,6 +90,15 @@ def checked_number(where: str, value: Any, low: float, high: float) -> float:
     return float(value)
 
 
+def _words(where: str, key: str, value: Any) -> str:
+    """A text key of a reply: a TOML string. A bare number or true would be
+    spoken as written, so it is an error with the quoted form as the fix."""
+    if not isinstance(value, str):
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        raise ValueError(f"{where} {key} = {shown} must be a quoted string: write {key} = {json.dumps(shown)}")
+    return value
+
+
 def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
     replies = []
     for n, item in enumerate(raw, 1):
@@ -102,6 +111,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
         for call in item.get("tool_calls", []):
             if not isinstance(call, dict) or "name" not in call:
                 raise ValueError(f"{where}: reply {n}: each tool call needs a name")
+            _words(f"{where}: reply {n} tool call", "name", call["name"])
             args = call.get("arguments", {})
             if isinstance(args, str):  # JSON text, as a recorded stream has it (TOML has no null)
                 try:
@@ -110,11 +120,15 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                     raise ValueError(f"{where}: reply {n}: tool call arguments are not JSON ({exc})") from None
             if not isinstance(args, dict):
                 raise ValueError(f"{where}: reply {n}: tool call arguments must be a table")
-            calls.append(ScriptedToolCall(str(call["name"]), args))
+            calls.append(ScriptedToolCall(call["name"], args))
+        text = {key: _words(f"{where}: reply {n}", key, item.get(key, ""))
+                for key in ("text", "reasoning", "text_after_tools")}
+        if "finish" in item:
+            _words(f"{where}: reply {n}", "finish", item["finish"])
         replies.append(
             ScriptedReply(
-                text=str(item.get("text", "")),
-                reasoning=str(item.get("reasoning", "")),
+                text=text["text"],
+                reasoning=text["reasoning"],
                 chunk_delay_ms=checked_number(f"{where}: reply {n} chunk_delay_ms", item.get("chunk_delay_ms", 80),
                                               0, 60_000),
                 first_delay_ms=checked_number(f"{where}: reply {n} first_delay_ms", item.get("first_delay_ms", 0),
@@ -123,7 +137,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                                                      item.get("error_after_chars", 0), 0, 10**9)),
                 finish=item.get("finish"),
                 tool_calls=tuple(calls),
-                text_after_tools=str(item.get("text_after_tools", "")),
+                text_after_tools=text["text_after_tools"],
                 at_s=checked_number(f"{where}: reply {n} at_s", item["at_s"], 0, DAY_S) if "at_s" in item else None,
             )
         )
