@@ -260,6 +260,9 @@ USER_OK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
         ("user = 3\n", ["user"]),
         ('[[user]]\naudio = "missing.wav"\nat = 0.5\n', ["missing.wav", "not found"]),
         (USER_OK + '[[reply]]\ntext = "hi"\nvoice = "x"\n', ["reply 1", "unknown key"]),
+        (USER_OK + '[[reply]]\ntext = "hi"\n[[play]]\nmessage = "1.0.0"\nsentence = 0\nat_s = 1\n',
+         ["[[play]] 1", '"1.0.0" names no [[reply]]', "no reply has one"]),
+        (USER_OK + '[[reply]]\nmessage = "1.0"\ntext = "hi"\n', ["reply 1", "TURN.STEP.ATTEMPT"]),
     ],
     ids=[
         "bad-toml",
@@ -277,6 +280,8 @@ USER_OK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
         "user-not-a-table",
         "user-audio-missing",
         "bad-reply",
+        "play-of-no-reply",
+        "reply-message-not-an-id",
     ],
 )
 def test_scenario_errors(scenario_dir, text, needles):

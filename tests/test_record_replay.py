@@ -253,6 +253,23 @@ def test_record_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp_path):
     assert (tmp_path / "afile").read_text() == "mine\n"
 
 
+def test_a_play_that_names_no_reply_is_refused_at_load(tmp_path):
+    """A [[play]] holds a sentence of one reply (its message id): one that
+    names no reply held nothing, and the replay went on to another outcome
+    without a word. Refused before the models load, naming it and the ids
+    there are."""
+    rec = copy_recording(tmp_path / "rec")
+    text = (rec / "scenario.toml").read_text()
+    assert text.count('message = "2.0.0"\nsentence = 1') == 1
+    (rec / "scenario.toml").write_text(text.replace('message = "2.0.0"\nsentence = 1', 'message = "3.0.0"\nsentence = 1'))
+    done = voice(tmp_path, "replay", str(rec / "scenario.toml"), "--out", str(tmp_path / "out"), timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"voice: error: scenario {rec / 'scenario.toml'}: [[play]] 4 message = \"3.0.0\" names no [[reply]]: "
+        "the replies are 1.0.0, 2.0.0 (each one's message = \"TURN.STEP.ATTEMPT\")"), done.stderr
+    assert "loading" not in done.stdout + done.stderr and not (tmp_path / "out").exists()
+
+
 def copy_recording(to: Path) -> Path:
     to.mkdir()
     for p in (ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in").iterdir():

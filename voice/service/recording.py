@@ -67,8 +67,9 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, config:
     spoken = _voice_turns(events)
     turns = [t for t in spoken if t[1] >= mic_start]
     kept = {turn for turn, _ in turns}
-    replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
-    plays = _plays(events, [turn for turn, _ in turns], mic_start / MIC_RATE)
+    ordinal = {turn: n for n, (turn, _) in enumerate(turns, 1)}  # a replay numbers its turns from 1
+    replies, tools = _replies(events, ordinal, mic_start / MIC_RATE), _tools(events, kept)
+    plays = _plays(events, ordinal, mic_start / MIC_RATE)
     _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
                                                        blocks=(directory / BLOCKS).is_file()))
     _write(directory / "config.toml", config_toml(config))
@@ -115,9 +116,11 @@ def _voice_turns(events: list[Event]) -> list[tuple[int, int]]:
 # -- the model's replies --------------------------------------------------------
 
 
-def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list[dict[str, Any]]:
-    """One scripted reply per model request of those turns, in order, each
-    due (`at_s`) when its first delta came, on the recording's clock."""
+def _replies(events: list[Event], ordinal: dict[int, int], track_start_s: float) -> list[dict[str, Any]]:
+    """One scripted reply per model request of those turns (`ordinal`: the
+    turn's number in the replay), in order, each with its request's id as
+    the replay numbers it and due (`at_s`) when its first delta came, on
+    the recording's clock."""
     seen: set[tuple] = set()
     started: dict[tuple, float] = {}
     clocks: list[Event] = []
@@ -128,14 +131,14 @@ def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list
             clocks.append(e)
         elif e.type == ev.ASSISTANT_STREAM and e.body.frame == "start":
             started[key] = e.at_mono
-        if e.turn not in turns or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
+        if e.turn not in ordinal or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
             continue
         body: ev.AssistantMessage | ev.AssistantAttempt = e.body
         stream = body.stream
         if stream is None or key in seen:  # our own phrases (receipts) have no stream: not the model's
             continue
         seen.add(key)
-        reply = _reply(stream)
+        reply = {"message": f"{ordinal[e.turn]}.{e.step}.{e.attempt}", **_reply(stream)}
         calls = body.tool_calls if isinstance(body, ev.AssistantMessage) else None
         if calls:  # the calls as the message recorded them (complete; a cut stream has none)
             reply["tool_calls"] = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
@@ -181,10 +184,9 @@ def _reply(stream: list[list[Any]]) -> dict[str, Any]:
     return reply
 
 
-def _plays(events: list[Event], turns: list[int], track_start_s: float) -> list[tuple[str, int, float]]:
+def _plays(events: list[Event], ordinal: dict[int, int], track_start_s: float) -> list[tuple[str, int, float]]:
     """(message id as the replay will number it, sentence, second on the
-    track) where each sentence began playing. A replay numbers its turns from 1."""
-    ordinal = {turn: n for n, turn in enumerate(turns, 1)}
+    track) where each sentence began playing."""
     rate = next((e.body.speaker_rate for e in reversed(events) if e.type == ev.AUDIO_CLOCK), MIC_RATE)
     plays = []
     for e in events:
@@ -283,7 +285,8 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         lines.insert(lines.index("[listen]") - 1, f"mic_blocks = {_value(BLOCKS)}")
     for reply in replies:
         lines += ["", "[[reply]]"]
-        for key in ("text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms", "finish"):
+        for key in ("message", "text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms",
+                    "finish"):
             if key in reply:
                 lines.append(f"{key} = {_value(reply[key])}")
         for call in reply["tool_calls"]:

@@ -29,7 +29,8 @@ before each call, as an MCP server's destructive write does.
 
 A recorded session (voice.service.recording) is one [[user]] track at 0:
 the microphone as captured, from the device's start; each `[[play]]`
-(message = "TURN.STEP.ATTEMPT" as the replay numbers them, sentence = its
+(message = "TURN.STEP.ATTEMPT" as the replay numbers them, one of the
+replies' `message`, or its held part "TURN.STEP.ATTEMPT.1"; sentence = its
 index, at_s) holds that sentence of a reply until the second where it
 began playing in the recording, so that speech synthesis running faster or
 slower on another machine does not move the words a barge-in cuts. Its
@@ -49,6 +50,7 @@ the last reply), `max_duration = 180` (a hard stop, seconds).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,14 +204,7 @@ def load_scenario(path: str | Path) -> Scenario:
     timing = data.get("timing", "measured")
     if timing not in ("measured", "recorded"):
         raise ValueError(f"scenario {path}: timing is \"measured\" (inference takes its time) or \"recorded\"")
-    plays = []
-    for n, p in enumerate(data.get("play", []), 1):
-        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["sentence"], int) \
-                or isinstance(p["sentence"], bool) or p["sentence"] < 0:
-            raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
-                             "sentence = INDEX and at_s = SECONDS")
-        plays.append((_text(path, f"[[play]] {n} message", p["message"]), p["sentence"],
-                      _number(path, f"[[play]] {n} at_s", p["at_s"], 0.0, DAY_S)))
+    plays = _plays(path, data.get("play", []), replies or ())
     stt_model = _text(path, "stt_model", data["stt_model"]) if "stt_model" in data else None
     if stt_model is not None and stt_model not in STT_MODELS:
         raise ValueError(f"scenario {path}: stt_model = {stt_model!r}: allowed {', '.join(STT_MODELS)}")
@@ -218,6 +213,26 @@ def load_scenario(path: str | Path) -> Scenario:
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
                     tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
                     tuple(plays), timing, _blocks(path, mic_blocks))
+
+
+def _plays(path: Path, raw: list[dict], replies: tuple[ScriptedReply, ...]) -> list[tuple[str, int, float]]:
+    """Each [[play]], whose message must be one of the replies' (or its
+    held part, ".1"): a play that names no reply would hold nothing, and
+    the replay would go its own way without a word."""
+    ids = [r.message for r in replies if r.message is not None]
+    plays = []
+    for n, p in enumerate(raw, 1):
+        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["sentence"], int) \
+                or isinstance(p["sentence"], bool) or p["sentence"] < 0:
+            raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
+                             "sentence = INDEX and at_s = SECONDS")
+        message = _text(path, f"[[play]] {n} message", p["message"])
+        if message.removesuffix(".1") not in ids:
+            there = f"the replies are {', '.join(ids)}" if ids else "no reply has one"
+            raise ValueError(f"scenario {path}: [[play]] {n} message = {json.dumps(message)} names no [[reply]]: "
+                             f"{there} (each one's message = \"TURN.STEP.ATTEMPT\")")
+        plays.append((message, p["sentence"], _number(path, f"[[play]] {n} at_s", p["at_s"], 0.0, DAY_S)))
+    return plays
 
 
 def _blocks(path: Path, name: str | None) -> tuple[int, ...]:

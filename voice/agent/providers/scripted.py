@@ -16,6 +16,8 @@ Script format (TOML), one `[[reply]]` per model request, in order:
     # text_after_tools = "Done."   # optional: streamed after the tool calls
     # at_s = 8.7              # optional: the first delta no sooner than this second of the
     #                         # session's audio clock (a recorded session's timing; see `clock`)
+    # message = "1.0.0"       # optional: the request it answers, TURN.STEP.ATTEMPT (a recorded
+    #                         # session writes it; a scenario's [[play]] names it)
 
 When the script runs out, the provider raises ProviderError: a test that
 asks more of the model than it scripted fails loudly.
@@ -46,7 +48,8 @@ from voice.agent.providers.base import (
 from voice.toml_file import read_toml
 
 _REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms",
-               "text_after_tools", "at_s"}
+               "text_after_tools", "at_s", "message"}
+MESSAGE_ID = re.compile(r"[1-9][0-9]*\.[0-9]+\.[0-9]+")  # TURN.STEP.ATTEMPT, as a replay numbers its requests
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ScriptedReply:
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     text_after_tools: str = ""
     at_s: float | None = None
+    message: str | None = None  # the request it answers (TURN.STEP.ATTEMPT): what a scenario's [[play]] names
 
 
 def split_words(text: str) -> list[str]:
@@ -125,6 +129,10 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                 for key in ("text", "reasoning", "text_after_tools")}
         if "finish" in item:
             _words(f"{where}: reply {n}", "finish", item["finish"])
+        message = _words(f"{where}: reply {n}", "message", item["message"]) if "message" in item else None
+        if message is not None and not MESSAGE_ID.fullmatch(message):
+            raise ValueError(f"{where}: reply {n} message = {json.dumps(message)} must be TURN.STEP.ATTEMPT, "
+                             'e.g. message = "1.0.0"')
         replies.append(
             ScriptedReply(
                 text=text["text"],
@@ -139,6 +147,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                 tool_calls=tuple(calls),
                 text_after_tools=text["text_after_tools"],
                 at_s=checked_number(f"{where}: reply {n} at_s", item["at_s"], 0, DAY_S) if "at_s" in item else None,
+                message=message,
             )
         )
     return replies
