@@ -8,6 +8,7 @@ decisions. The live-audio version is in tests/live/test_live_barge_in.py."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import time
@@ -268,6 +269,46 @@ def test_a_play_that_names_no_reply_is_refused_at_load(tmp_path):
         f"voice: error: scenario {rec / 'scenario.toml'}: [[play]] 4 message = \"3.0.0\" names no [[reply]]: "
         "the replies are 1.0.0, 2.0.0 (each one's message = \"TURN.STEP.ATTEMPT\")"), done.stderr
     assert "loading" not in done.stdout + done.stderr and not (tmp_path / "out").exists()
+
+
+# A sound card that is listed but will not open (busy, or gone between the query and the open): what
+# PortAudio says then. CI has no sound card at all, so this stands in for the one a person has.
+BUSY_CARD = """
+class PortAudioError(Exception):
+    pass
+
+
+def query_devices(device=None, kind=None):
+    return {"name": f"busy {kind}", "default_samplerate": 48000.0}
+
+
+class Stream:
+    def __init__(self, **kw):
+        raise PortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
+
+
+InputStream = OutputStream = Stream
+"""
+
+
+@pytest.mark.parametrize("card", ["none", "busy"])
+def test_record_with_a_sound_card_that_does_not_open_is_one_line_and_leaves_no_folder(tmp_path, card):
+    """Found in #27: a card that would not open ended `voice run --record`
+    with exit 0, "recorded 0.0 s" and a folder of empty files."""
+    extra = {}
+    if card == "busy":
+        (tmp_path / "card").mkdir()
+        (tmp_path / "card" / "sounddevice.py").write_text(BUSY_CARD)
+        extra["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "card"), os.environ.get("PYTHONPATH", "")])
+    rec = tmp_path / "new" / "rec"
+    done = voice(tmp_path, "run", "--db", str(tmp_path / "events.db"), "--record", str(rec), timeout=120,
+                 VOICE_LLM_BASE_URL="http://127.0.0.1:9/v1", **extra)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("voice: error: ") and "Traceback" not in done.stderr, done.stderr
+    if card == "busy":
+        assert "Device unavailable" in last and "busy input" in last and "python -m sounddevice" in last, last
+    assert not (tmp_path / "new").exists() and "recorded" not in done.stderr
 
 
 def copy_recording(to: Path) -> Path:
