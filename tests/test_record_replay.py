@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from replayed import assert_same_outcome, read_session
+from voice.log import events as ev
+from voice.log.store import EventStore
 from test_service import Daemon, voice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -309,6 +311,41 @@ def test_record_with_a_sound_card_that_does_not_open_is_one_line_and_leaves_no_f
     if card == "busy":
         assert "Device unavailable" in last and "busy input" in last and "python -m sounddevice" in last, last
     assert not (tmp_path / "new").exists() and "recorded" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_typed_turn_in_a_scenario_is_typed_at_its_time_and_answered(tmp_path):
+    """`voice ctl say` during a session is a [[say]] of its scenario: the
+    replay types it at its second on the scenario's clock, into the same
+    queue as the spoken turns, and answers it by voice."""
+    import numpy as np
+
+    from voice.audio.wav import read_mono16k, write_wav
+
+    asked = read_mono16k(ROOT / "tests" / "fixtures" / "audio" / "what_time.wav")
+    write_wav(tmp_path / "track.wav", np.concatenate([asked, np.zeros(14 * 16000, np.int16)]), 16000)
+    (tmp_path / "scenario.toml").write_text(
+        '[[user]]\naudio = "track.wav"\nat = 0.0\n\n'
+        '[[say]]\ntext = "And when is tea?"\nat = 9.0\n\n'
+        '[[reply]]\nchunk_delay_ms = 20\ntext = "It is noon."\n\n'
+        '[[reply]]\nchunk_delay_ms = 20\ntext = "Tea is at four."\n')
+    out = tmp_path / "out"
+    done = voice(tmp_path, "replay", str(tmp_path / "scenario.toml"), "--out", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr
+    turns = json.loads((out / "summary.json").read_text())["turns"]
+    assert [(t["user_text"], t["delivered_text"], t["status"]) for t in turns] == [
+        ("What time is it?", "It is noon.", "completed"), ("And when is tea?", "Tea is at four.", "completed")]
+    assert turns[1]["user_start_s"] == pytest.approx(9.0, abs=0.05)  # typed then, not at once nor at the end
+    assert turns[1]["speech_start_s"] > 9.0
+    requests = json.loads((out / "requests.json").read_text())
+    assert [m["content"] for m in requests[1] if m["role"] == "user"] == ["What time is it?", "And when is tea?"]
+    store = EventStore(out / "events.db")
+    try:
+        typed = [e for e in store.events() if e.type == ev.USER_MESSAGE and e.turn == 2]
+    finally:
+        store.close()
+    assert [e.body.source for e in typed] == ["text"]
 
 
 def copy_recording(to: Path) -> Path:

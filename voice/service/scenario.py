@@ -44,6 +44,10 @@ noise_db) mixes what the speaker plays back into the mic, as laptop
 speakers do. Without it nothing leaks. `[listen] echo_cancellation = false`
 turns the canceller off for a scenario (to show what it prevents).
 
+A `[[say]]` (text, at = seconds on the scenario clock) is a typed turn,
+as `voice ctl say TEXT` gives one: `voice replay` types it then (within
+the scenario's sound; a recorded session's track covers its own).
+
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
 """
@@ -64,7 +68,7 @@ from voice.speech.stt import STT_MODELS
 from voice.toml_file import read_toml
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
-        "mic_blocks"}
+        "mic_blocks", "say"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase", "ask_first"}
 _USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
@@ -80,6 +84,13 @@ class ScenarioTool:
     receipt: str | None = None  # what a write stand-in's receipt says (None: it gives none: unknown)
     phrase: str | None = None
     ask_first: bool = False  # the person is asked before each call (voice.agent.approvals)
+
+
+@dataclass(frozen=True)
+class TypedTurn:
+    """A `[[say]]`: text typed (`voice ctl say`) at a second of the scenario's clock."""
+    text: str
+    at_s: float
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class Scenario:
     plays: tuple[tuple[str, int, float], ...] = ()  # (message id, sentence, seconds): it starts no sooner
     timing: str = "measured"  # "recorded": inference takes no time on the clock (a recorded session)
     blocks: tuple[int, ...] = ()  # mic block sizes (samples), in order; past them, 20 ms blocks
+    says: tuple[TypedTurn, ...] = ()  # typed turns, by time
 
     def play_at(self, rate: int) -> dict[tuple[str, int], int]:
         """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
@@ -141,7 +153,7 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
-    for table in ("user", "tool", "reply", "play"):
+    for table in ("user", "tool", "reply", "play", "say"):
         if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
             raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
@@ -212,7 +224,19 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(path, tuple(users), replies, llm, _number(path, "tail", data.get("tail", 1.5), 0.0, DAY_S),
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
                     tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
-                    tuple(plays), timing, _blocks(path, mic_blocks))
+                    tuple(plays), timing, _blocks(path, mic_blocks), _says(path, data.get("say", [])))
+
+
+def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:
+    says = []
+    for n, t in enumerate(raw, 1):
+        if set(t) != {"text", "at"}:
+            raise ValueError(f"scenario {path}: [[say]] {n} needs exactly text = \"WORDS\" and at = SECONDS")
+        text = _text(path, f"[[say]] {n} text", t["text"])
+        if not text.strip():
+            raise ValueError(f"scenario {path}: [[say]] {n} text is empty: type the words the person typed")
+        says.append(TypedTurn(text, _number(path, f"[[say]] {n} at", t["at"], 0.0, DAY_S)))
+    return tuple(sorted(says, key=lambda t: t.at_s))
 
 
 def _plays(path: Path, raw: list[dict], replies: tuple[ScriptedReply, ...]) -> list[tuple[str, int, float]]:
