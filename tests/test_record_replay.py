@@ -100,6 +100,36 @@ def test_ctl_save_writes_the_ring_out_after_the_fact_and_it_replays(tmp_path):
     assert_same_outcome(recorded, read_session(replay(tmp_path, saved) / "events.db"))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_turn_typed_with_ctl_say_is_saved_and_replayed_at_its_time(tmp_path):
+    """Found in #27: `voice ctl say` during a session was left out of the
+    saved scenario, so its replay had one turn less than the session."""
+    scenario = tmp_path / "demo"
+    shutil.copytree(DEMO.parent, scenario)
+    with (scenario / "scenario.toml").open("a") as f:
+        f.write('\n[[reply]]\nchunk_delay_ms = 40\ntext = "Tea is at four."\n')
+    daemon = Daemon(tmp_path / "d", scenario / "scenario.toml")
+    try:
+        converse(daemon)
+        typed = voice(tmp_path / "d", "ctl", "say", "And when is tea?", timeout=120)
+        assert typed.returncode == 0 and "Tea is at four." in typed.stdout, typed.stderr
+        time.sleep(1.0)
+        saved = tmp_path / "bug"
+        done = voice(tmp_path / "d", "ctl", "save", str(saved))
+        assert done.returncode == 0 and "(turns: 1, 2, 3)" in done.stdout, done.stdout + done.stderr
+    finally:
+        assert daemon.stop() < 20, daemon.err_text()
+    says = tomllib.loads((saved / "scenario.toml").read_text())["say"]
+    assert [s["text"] for s in says] == ["And when is tea?"]
+    recorded = read_session(saved / "events.db")
+    assert [t.user_text for t in recorded.turns][2:] == ["And when is tea?"]
+    out = replay(tmp_path, saved)
+    assert_same_outcome(recorded, read_session(out / "events.db"))
+    (typed_turn,) = [t for t in json.loads((out / "summary.json").read_text())["turns"] if t["turn"] == 3]
+    assert typed_turn["user_start_s"] == pytest.approx(says[0]["at"], abs=0.05)  # typed again at its second
+
+
 def test_record_into_a_directory_that_holds_something_is_refused_before_anything_starts(tmp_path):
     used = tmp_path / "used"
     used.mkdir()
