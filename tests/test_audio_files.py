@@ -263,6 +263,8 @@ USER_OK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
         (USER_OK + '[[reply]]\ntext = "hi"\n[[play]]\nmessage = "1.0.0"\nsentence = 0\nat_s = 1\n',
          ["[[play]] 1", '"1.0.0" names no [[reply]]', "no reply has one"]),
         (USER_OK + '[[reply]]\nmessage = "1.0"\ntext = "hi"\n', ["reply 1", "TURN.STEP.ATTEMPT"]),
+        (USER_OK + '[[say]]\ntext = "hi"\n', ["[[say]] 1", "text = \"WORDS\" and at = SECONDS"]),
+        (USER_OK + '[[say]]\ntext = 5\nat = 1\n', ["[[say]] 1 text = 5", "quoted string"]),
     ],
     ids=[
         "bad-toml",
@@ -282,6 +284,8 @@ USER_OK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
         "bad-reply",
         "play-of-no-reply",
         "reply-message-not-an-id",
+        "say-without-at",
+        "say-text-not-a-string",
     ],
 )
 def test_scenario_errors(scenario_dir, text, needles):

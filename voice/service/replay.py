@@ -113,13 +113,12 @@ async def run_typing(session, device, says) -> None:
     turns, answered by voice."""
     import anyio
 
-    typed = 0
+    typed = []  # the [[say]] tables typed so far
 
     async def type_at(say) -> None:
-        nonlocal typed
         while (due := say.at_s - device.position / MIC_RATE) > 0:
             await anyio.sleep(due)
-        typed += 1
+        typed.append(say)
         try:
             await session.say(say.text)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -130,9 +129,8 @@ async def run_typing(session, device, says) -> None:
             tg.start_soon(type_at, say)
         await session.run()
         tg.cancel_scope.cancel()
-    if typed < len(says):
-        late = says[typed]
-        raise Failed(f"[[say]] at {late.at_s:g} s ({late.text!r}) comes after the replay ended at "
+    if late := [say for say in says if say not in typed]:
+        raise Failed(f"[[say]] at {late[0].at_s:g} s ({late[0].text!r}) comes after the replay ended at "
                      f"{device.position / MIC_RATE:.1f} s: type it while the scenario's sound plays")
 
 
