@@ -260,6 +260,11 @@ USER_OK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
         ("user = 3\n", ["user"]),
         ('[[user]]\naudio = "missing.wav"\nat = 0.5\n', ["missing.wav", "not found"]),
         (USER_OK + '[[reply]]\ntext = "hi"\nvoice = "x"\n', ["reply 1", "unknown key"]),
+        (USER_OK + '[[reply]]\ntext = "hi"\n[[play]]\nmessage = "1.0.0"\nsentence = 0\nat_s = 1\n',
+         ["[[play]] 1", '"1.0.0" names no [[reply]]', "no reply has one"]),
+        (USER_OK + '[[reply]]\nmessage = "1.0"\ntext = "hi"\n', ["reply 1", "TURN.STEP.ATTEMPT"]),
+        (USER_OK + '[[say]]\ntext = "hi"\n', ["[[say]] 1", "text = \"WORDS\" and at = SECONDS"]),
+        (USER_OK + '[[say]]\ntext = 5\nat = 1\n', ["[[say]] 1 text = 5", "quoted string"]),
     ],
     ids=[
         "bad-toml",
@@ -277,6 +282,10 @@ USER_OK = '[[user]]\naudio = "ask.wav"\nat = 0.5\n'
         "user-not-a-table",
         "user-audio-missing",
         "bad-reply",
+        "play-of-no-reply",
+        "reply-message-not-an-id",
+        "say-without-at",
+        "say-text-not-a-string",
     ],
 )
 def test_scenario_errors(scenario_dir, text, needles):

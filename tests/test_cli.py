@@ -395,6 +395,8 @@ def _bad_invocations(tmp_path: Path, db: Path, good_script: Path) -> dict[str, t
     missing = tmp_path / "no-such-script.toml"
     malformed = write_script(tmp_path / "malformed.toml", "[[reply]\ntext = \"unclosed\n")
     unknown_key = write_script(tmp_path / "unknown-key.toml", "[[reply]]\ntext = \"hi\"\ndelay = 5\n")
+    # a TOML integer where the words go: an error with its fix, never spoken as "5"
+    number_text = write_script(tmp_path / "number-text.toml", "[[reply]]\ntext = \"hi\"\n[[reply]]\ntext = 5\n")
     bogus_cfg = write_script(tmp_path / "bogus.toml", "[llm]\nbogus = 1\n")
     typed_cfg = write_script(tmp_path / "typed.toml", "[llm]\nretries = \"x\"\n")
     missing_cfg = tmp_path / "no-such-config.toml"
@@ -404,6 +406,8 @@ def _bad_invocations(tmp_path: Path, db: Path, good_script: Path) -> dict[str, t
         "missing script": (["chat", "--db", d, "--llm", f"scripted:{missing}"], (str(missing), "not found")),
         "malformed script": (["chat", "--db", d, "--llm", f"scripted:{malformed}"], (str(malformed), "TOML")),
         "unknown reply key": (["chat", "--db", d, "--llm", f"scripted:{unknown_key}"], ("delay", str(unknown_key))),
+        "reply text not a string": (["chat", "--db", d, "--llm", f"scripted:{number_text}"],
+                                    (str(number_text), "reply 2", "text = 5", 'text = "5"')),
         "unknown config key": (["chat", "--db", d, "--config", str(bogus_cfg), "--llm", s], ("llm.bogus",)),
         "wrongly typed config": (["chat", "--db", d, "--config", str(typed_cfg), "--llm", s], ("llm.retries", "integer")),
         "missing config": (["chat", "--db", d, "--config", str(missing_cfg), "--llm", s], (str(missing_cfg),)),
@@ -418,7 +422,8 @@ def _bad_invocations(tmp_path: Path, db: Path, good_script: Path) -> dict[str, t
 
 
 BAD_CASES = [
-    "unknown flag", "missing script", "malformed script", "unknown reply key", "unknown config key",
+    "unknown flag", "missing script", "malformed script", "unknown reply key", "reply text not a string",
+    "unknown config key",
     "wrongly typed config", "missing config", "unreachable llm", "bad llm spec", "unknown turn",
     "non-numeric turn", "fork of unknown turn", "unknown conversation", "missing subcommand",
 ]

@@ -8,6 +8,7 @@ decisions. The live-audio version is in tests/live/test_live_barge_in.py."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import time
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from replayed import assert_same_outcome, read_session
+from voice.log import events as ev
+from voice.log.store import EventStore
 from test_service import Daemon, voice
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +98,36 @@ def test_ctl_save_writes_the_ring_out_after_the_fact_and_it_replays(tmp_path):
     recorded = read_session(saved / "events.db")
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"]
     assert_same_outcome(recorded, read_session(replay(tmp_path, saved) / "events.db"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_turn_typed_with_ctl_say_is_saved_and_replayed_at_its_time(tmp_path):
+    """Found in #27: `voice ctl say` during a session was left out of the
+    saved scenario, so its replay had one turn less than the session."""
+    scenario = tmp_path / "demo"
+    shutil.copytree(DEMO.parent, scenario)
+    with (scenario / "scenario.toml").open("a") as f:
+        f.write('\n[[reply]]\nchunk_delay_ms = 40\ntext = "Tea is at four."\n')
+    daemon = Daemon(tmp_path / "d", scenario / "scenario.toml")
+    try:
+        converse(daemon)
+        typed = voice(tmp_path / "d", "ctl", "say", "And when is tea?", timeout=120)
+        assert typed.returncode == 0 and "Tea is at four." in typed.stdout, typed.stderr
+        time.sleep(1.0)
+        saved = tmp_path / "bug"
+        done = voice(tmp_path / "d", "ctl", "save", str(saved))
+        assert done.returncode == 0 and "(turns: 1, 2, 3)" in done.stdout, done.stdout + done.stderr
+    finally:
+        assert daemon.stop() < 20, daemon.err_text()
+    says = tomllib.loads((saved / "scenario.toml").read_text())["say"]
+    assert [s["text"] for s in says] == ["And when is tea?"]
+    recorded = read_session(saved / "events.db")
+    assert [t.user_text for t in recorded.turns][2:] == ["And when is tea?"]
+    out = replay(tmp_path, saved)
+    assert_same_outcome(recorded, read_session(out / "events.db"))
+    (typed_turn,) = [t for t in json.loads((out / "summary.json").read_text())["turns"] if t["turn"] == 3]
+    assert typed_turn["user_start_s"] == pytest.approx(says[0]["at"], abs=0.05)  # typed again at its second
 
 
 def test_record_into_a_directory_that_holds_something_is_refused_before_anything_starts(tmp_path):
@@ -251,6 +284,103 @@ def test_record_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp_path):
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "new").exists()
     assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_a_play_that_names_no_reply_is_refused_at_load(tmp_path):
+    """A [[play]] holds a sentence of one reply (its message id): one that
+    names no reply held nothing, and the replay went on to another outcome
+    without a word. Refused before the models load, naming it and the ids
+    there are."""
+    rec = copy_recording(tmp_path / "rec")
+    text = (rec / "scenario.toml").read_text()
+    assert text.count('message = "2.0.0"\nsentence = 1') == 1
+    (rec / "scenario.toml").write_text(text.replace('message = "2.0.0"\nsentence = 1', 'message = "3.0.0"\nsentence = 1'))
+    done = voice(tmp_path, "replay", str(rec / "scenario.toml"), "--out", str(tmp_path / "out"), timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"voice: error: scenario {rec / 'scenario.toml'}: [[play]] 4 message = \"3.0.0\" names no [[reply]]: "
+        "the replies are 1.0.0, 2.0.0 (each one's message = \"TURN.STEP.ATTEMPT\")"), done.stderr
+    assert "loading" not in done.stdout + done.stderr and not (tmp_path / "out").exists()
+
+
+# A sound card that is listed but will not open (busy, or gone between the query and the open): what
+# PortAudio says then. CI has no sound card at all, so this stands in for the one a person has.
+BUSY_CARD = """
+class PortAudioError(Exception):
+    pass
+
+
+def query_devices(device=None, kind=None):
+    return {"name": f"busy {kind}", "default_samplerate": 48000.0}
+
+
+class Stream:
+    def __init__(self, **kw):
+        raise PortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
+
+
+InputStream = OutputStream = Stream
+"""
+
+
+@pytest.mark.parametrize("card", ["none", "busy"])
+def test_record_with_a_sound_card_that_does_not_open_is_one_line_and_leaves_no_folder(tmp_path, card):
+    """Found in #27: a card that would not open ended `voice run --record`
+    with exit 0, "recorded 0.0 s" and a folder of empty files."""
+    extra = {}
+    if card == "busy":
+        (tmp_path / "card").mkdir()
+        (tmp_path / "card" / "sounddevice.py").write_text(BUSY_CARD)
+        extra["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "card"), os.environ.get("PYTHONPATH", "")])
+    rec = tmp_path / "new" / "rec"
+    done = voice(tmp_path, "run", "--db", str(tmp_path / "events.db"), "--record", str(rec), timeout=120,
+                 VOICE_LLM_BASE_URL="http://127.0.0.1:9/v1", **extra)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("voice: error: ") and "Traceback" not in done.stderr, done.stderr
+    if card == "busy":
+        assert "Device unavailable" in last and "busy input" in last and "python -m sounddevice" in last, last
+    assert not (tmp_path / "new").exists() and "recorded" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_typed_turn_in_a_scenario_is_typed_at_its_time_and_answered(tmp_path):
+    """`voice ctl say` during a session is a [[say]] of its scenario: the
+    replay types it at its second on the scenario's clock, into the same
+    queue as the spoken turns, and answers it by voice."""
+    import numpy as np
+
+    from voice.audio.wav import read_mono16k, write_wav
+
+    asked = read_mono16k(ROOT / "tests" / "fixtures" / "audio" / "what_time.wav")
+    write_wav(tmp_path / "track.wav", np.concatenate([asked, np.zeros(14 * 16000, np.int16)]), 16000)
+    (tmp_path / "scenario.toml").write_text(
+        '[[user]]\naudio = "track.wav"\nat = 0.0\n\n'
+        '[[say]]\ntext = "And when is tea?"\nat = 9.0\n\n'
+        '[[reply]]\nchunk_delay_ms = 20\ntext = "It is noon."\n\n'
+        '[[reply]]\nchunk_delay_ms = 20\ntext = "Tea is at four."\n')
+    out = tmp_path / "out"
+    done = voice(tmp_path, "replay", str(tmp_path / "scenario.toml"), "--out", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr
+    turns = json.loads((out / "summary.json").read_text())["turns"]
+    assert [(t["user_text"], t["delivered_text"], t["status"]) for t in turns] == [
+        ("What time is it?", "It is noon.", "completed"), ("And when is tea?", "Tea is at four.", "completed")]
+    assert turns[1]["user_start_s"] == pytest.approx(9.0, abs=0.05)  # typed then, not at once nor at the end
+    assert turns[1]["speech_start_s"] > 9.0
+    requests = json.loads((out / "requests.json").read_text())
+    assert [m["content"] for m in requests[1] if m["role"] == "user"] == ["What time is it?", "And when is tea?"]
+    store = EventStore(out / "events.db")
+    try:
+        typed = [e for e in store.events() if e.type == ev.USER_MESSAGE and e.turn == 2]
+    finally:
+        store.close()
+    assert [e.body.source for e in typed] == ["text"]
+    # typed after the sound ended: said, not dropped
+    (tmp_path / "late.toml").write_text((tmp_path / "scenario.toml").read_text().replace("at = 9.0", "at = 60.0"))
+    done = voice(tmp_path, "replay", str(tmp_path / "late.toml"), "--out", str(tmp_path / "late"), timeout=240)
+    assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(
+        "voice: error: [[say]] at 60 s ('And when is tea?') comes after the replay ended at "), done.stderr
 
 
 def copy_recording(to: Path) -> Path:

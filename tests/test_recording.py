@@ -123,6 +123,7 @@ def test_a_saved_session_is_a_scenario_of_its_recorded_replies_and_tools(tmp_pat
     assert first.text == REPLY_0 and [(c.name, c.arguments) for c in first.tool_calls] == [
         ("add_note", {"text": "the sea"})]
     assert second.text == REPLY_1 and not second.tool_calls
+    assert (first.message, second.message) == ("1.0.0", "1.1.0")  # the requests they answer, as [[play]] names them
     # due when the first delta came: 150 ms after the stream began, 3.45 s on a clock anchored at 3.4 s
     assert (first.at_s, second.at_s) == (pytest.approx(3.6), pytest.approx(4.35))
     assert first.chunk_delay_ms == 40.0 and first.first_delay_ms == 0.0

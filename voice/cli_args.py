@@ -18,7 +18,8 @@ def _common(p: argparse.ArgumentParser, db: str = "the event log (default: $XDG_
 
 
 def _llm(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL or a scripted reply file")
+    p.add_argument("--llm", metavar="URL|scripted:FILE", help="an OpenAI-compatible base URL, or scripted:FILE: a file of replies, used in order "
+                   "whatever is asked (the format: docs/SCENARIOS.md)")
     p.add_argument("--llm-model", metavar="NAME", help="the model to ask for (overrides llm.model), e.g. llama3.2")
 
 

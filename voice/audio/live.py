@@ -19,6 +19,7 @@ import asyncio
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -108,25 +109,20 @@ class LiveDevice:
             on_output(outdata, frames, time_info, status)
             on_input(indata, frames, time_info, status)
 
-        common = dict(channels=1, dtype="int16")
-        if self._in_rate == self._out_rate:
-            streams = [sd.Stream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
-                                 device=(self.input_device, self.output_device), callback=on_duplex, **common)]
-            latency = lambda: streams[0].latency[1]  # noqa: E731
-        else:
-            streams = [
-                sd.InputStream(samplerate=self._in_rate, blocksize=self._in_rate * self.block_ms // 1000,
-                               device=self.input_device, callback=on_input, **common),
-                sd.OutputStream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
-                                device=self.output_device, callback=on_output, **common),
-            ]
-            latency = lambda: streams[1].latency  # noqa: E731
         resampler = soxr.ResampleStream(self._in_rate, MIC_RATE, 1, dtype="int16") if self._in_rate != MIC_RATE else None
         ref_resampler = (soxr.ResampleStream(self._out_rate, MIC_RATE, 1, dtype="int16")
                          if self._out_rate != MIC_RATE else None)
+        streams: list = []  # those opened so far: closed again whatever happens next
         try:
-            for s in streams:
-                s.start()
+            try:
+                latency = self._open_streams(sd, streams, on_duplex, on_input, on_output)
+                for s in streams:
+                    s.start()
+            except sd.PortAudioError as exc:  # listed, but it will not open: busy, or gone since the query
+                raise AudioUnavailable(
+                    f"the audio device would not open (mic {self._names[0]!r}, speaker {self._names[1]!r}: {exc}); "
+                    f"close what else uses it, or list devices with `{sys.executable} -m sounddevice` and pick one "
+                    "with [audio] input/output in the config") from None
             self._latency_s = float(latency())
             async with receive:
                 async for block in receive:
@@ -141,6 +137,21 @@ class LiveDevice:
                 s.stop()
                 s.close()
             self._last_block = None
+
+    def _open_streams(self, sd, streams: list, on_duplex, on_input, on_output) -> Callable[[], float]:
+        """Into `streams` as each opens: one duplex stream when both sides run
+        at one rate, else an input and an output stream. Returns how to read
+        the output latency."""
+        common = dict(channels=1, dtype="int16")
+        if self._in_rate == self._out_rate:
+            streams.append(sd.Stream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
+                                     device=(self.input_device, self.output_device), callback=on_duplex, **common))
+            return lambda: streams[0].latency[1]
+        streams.append(sd.InputStream(samplerate=self._in_rate, blocksize=self._in_rate * self.block_ms // 1000,
+                                      device=self.input_device, callback=on_input, **common))
+        streams.append(sd.OutputStream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
+                                       device=self.output_device, callback=on_output, **common))
+        return lambda: streams[1].latency
 
 
 def unplayed(frames: int, dac_delay_s: float, since_s: float, rate: int) -> int:

@@ -116,10 +116,15 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 
 
 async def _run_session(session, scope: anyio.CancelScope, *, task_status: TaskStatus[None]) -> None:
+    from voice.audio.live import AudioUnavailable
+
     try:
         await session.run(task_status=task_status)  # started once mic audio reaches the VAD
-    finally:
-        scope.cancel()  # the device ended: so does the service
+    except* AudioUnavailable as failed:  # a card that will not open (in the session's task group): its one line
+        raise UsageError(str(failed.exceptions[0])) from None
+    # The device ended: so does the service. Only here, not on an error: cancelling the
+    # task group that awaits `start` lost the error (exit 0, "recorded 0.0 s").
+    scope.cancel()
 
 
 @dataclass

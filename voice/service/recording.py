@@ -21,8 +21,9 @@ second cuts other words), and a stand-in for every
 tool that was called, answering with the recorded result and receipt: a
 replay never acts on the world.
 
-Requests that were typed (`voice ctl say`) cannot be replayed from sound and
-are left out; so are turns whose utterance began before the ring did.
+Requests that were typed (`voice ctl say`) are `[[say]]` tables, typed
+again at the second their turn began; turns that began before the ring
+did (an utterance, or typing, before its start) are left out.
 """
 
 from __future__ import annotations
@@ -65,15 +66,20 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, config:
     mic_start = info["mic_start"]
     duration_s = _wav_seconds(directory / "mic.wav")
     spoken = _voice_turns(events)
-    turns = [t for t in spoken if t[1] >= mic_start]
-    kept = {turn for turn, _ in turns}
-    replies, tools = _replies(events, kept, mic_start / MIC_RATE), _tools(events, kept)
-    plays = _plays(events, [turn for turn, _ in turns], mic_start / MIC_RATE)
+    all_typed = _typed_turns(events, mic_start / MIC_RATE)
+    typed = [t for t in all_typed if t[2] >= 0]
+    kept = {turn for turn, start in spoken if start >= mic_start} | {turn for turn, _, _ in typed}
+    turns = [turn for turn in dict.fromkeys(e.turn for e in events) if turn in kept]  # in the order they came
+    ordinal = {turn: n for n, turn in enumerate(turns, 1)}  # a replay numbers its turns from 1
+    replies, tools = _replies(events, ordinal, mic_start / MIC_RATE), _tools(events, kept)
+    plays = _plays(events, ordinal, mic_start / MIC_RATE)
     _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
+                                                       [(text, at_s) for _, text, at_s in typed],
                                                        blocks=(directory / BLOCKS).is_file()))
     _write(directory / "config.toml", config_toml(config))
-    return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": [t for t, _ in turns],
-            "before_start": [t for t, start in spoken if start < mic_start], "mic_start": mic_start}
+    return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": turns,
+            "before_start": [t for t, start in spoken if start < mic_start] + [t for t, _, at_s in all_typed if at_s < 0],
+            "mic_start": mic_start}
 
 
 def _write(path: Path, text: str) -> None:
@@ -112,12 +118,33 @@ def _voice_turns(events: list[Event]) -> list[tuple[int, int]]:
     return out
 
 
+def _typed_turns(events: list[Event], track_start_s: float) -> list[tuple[int, str, float]]:
+    """(turn, text, second on the track) of each typed request (`voice ctl
+    say`): when its turn began, on the recording's clock."""
+    clocks: list[Event] = []
+    out = []
+    for e in events:
+        if e.type == ev.AUDIO_CLOCK:
+            clocks.append(e)
+        elif e.type == ev.USER_MESSAGE and e.turn is not None and e.body.source == "text" and clocks:
+            out.append((e.turn, e.body.content, round(_on_track(clocks[-1], e.at_mono, track_start_s), 3)))
+    return out
+
+
+def _on_track(anchor: Event, at_mono: float, track_start_s: float) -> float:
+    """The second on the recording's track of a moment of the log's clock
+    (`anchor`: the latest audio/clock before it)."""
+    return anchor.body.mic / MIC_RATE + at_mono - anchor.at_mono - track_start_s
+
+
 # -- the model's replies --------------------------------------------------------
 
 
-def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list[dict[str, Any]]:
-    """One scripted reply per model request of those turns, in order, each
-    due (`at_s`) when its first delta came, on the recording's clock."""
+def _replies(events: list[Event], ordinal: dict[int, int], track_start_s: float) -> list[dict[str, Any]]:
+    """One scripted reply per model request of those turns (`ordinal`: the
+    turn's number in the replay), in order, each with its request's id as
+    the replay numbers it and due (`at_s`) when its first delta came, on
+    the recording's clock."""
     seen: set[tuple] = set()
     started: dict[tuple, float] = {}
     clocks: list[Event] = []
@@ -128,22 +155,21 @@ def _replies(events: list[Event], turns: set[int], track_start_s: float) -> list
             clocks.append(e)
         elif e.type == ev.ASSISTANT_STREAM and e.body.frame == "start":
             started[key] = e.at_mono
-        if e.turn not in turns or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
+        if e.turn not in ordinal or e.type not in (ev.ASSISTANT_MESSAGE, ev.ASSISTANT_ATTEMPT):
             continue
         body: ev.AssistantMessage | ev.AssistantAttempt = e.body
         stream = body.stream
         if stream is None or key in seen:  # our own phrases (receipts) have no stream: not the model's
             continue
         seen.add(key)
-        reply = _reply(stream)
+        reply = {"message": f"{ordinal[e.turn]}.{e.step}.{e.attempt}", **_reply(stream)}
         calls = body.tool_calls if isinstance(body, ev.AssistantMessage) else None
         if calls:  # the calls as the message recorded them (complete; a cut stream has none)
             reply["tool_calls"] = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                                    for c in calls]
         if key in started and clocks:  # the device clock of that moment: the latest anchor before it
-            anchor = clocks[-1]
             first = started[key] + reply["first_delay_ms"] / 1000
-            reply["at_s"] = round(anchor.body.mic / MIC_RATE + first - anchor.at_mono - track_start_s, 3)
+            reply["at_s"] = round(_on_track(clocks[-1], first, track_start_s), 3)
             reply["first_delay_ms"] = 0.0
         replies.append(reply)
     return replies
@@ -181,10 +207,9 @@ def _reply(stream: list[list[Any]]) -> dict[str, Any]:
     return reply
 
 
-def _plays(events: list[Event], turns: list[int], track_start_s: float) -> list[tuple[str, int, float]]:
+def _plays(events: list[Event], ordinal: dict[int, int], track_start_s: float) -> list[tuple[str, int, float]]:
     """(message id as the replay will number it, sentence, second on the
-    track) where each sentence began playing. A replay numbers its turns from 1."""
-    ordinal = {turn: n for n, turn in enumerate(turns, 1)}
+    track) where each sentence began playing."""
     rate = next((e.body.speaker_rate for e in reversed(events) if e.type == ev.AUDIO_CLOCK), MIC_RATE)
     plays = []
     for e in events:
@@ -258,7 +283,8 @@ def _value(v: Any) -> str:
 
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any], *, blocks: bool) -> str:
+                   plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any],
+                   says: list[tuple[str, float]], *, blocks: bool) -> str:
     settings = Settings.of(config)  # (a test may save with a checked config dict)
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
@@ -283,12 +309,17 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         lines.insert(lines.index("[listen]") - 1, f"mic_blocks = {_value(BLOCKS)}")
     for reply in replies:
         lines += ["", "[[reply]]"]
-        for key in ("text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms", "finish"):
+        for key in ("message", "text", "reasoning", "text_after_tools", "at_s", "first_delay_ms", "chunk_delay_ms",
+                    "finish"):
             if key in reply:
                 lines.append(f"{key} = {_value(reply[key])}")
         for call in reply["tool_calls"]:
             lines += ["[[reply.tool_calls]]", f"name = {_value(call['name'])}",
                       f"arguments = {_value(call['arguments'])}  # as streamed (JSON)"]
+    if says:
+        lines += ["", "# What was typed (voice ctl say), when its turn began: the replay types it then."]
+    for text, at_s in says:
+        lines += ["[[say]]", f"text = {_value(text)}", f"at = {_value(at_s)}"]
     for tool in tools:
         lines += ["", "[[tool]]"] + [f"{k} = {_value(v)}" for k, v in tool.items()]
     if plays:

@@ -85,7 +85,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                               recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
             try:
-                await voice.session.run()
+                await run_typing(voice.session, device, scenario.says)
             finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
                 write_wav(out / "mic.wav", device.mic(), MIC_RATE)
                 write_wav(out / "played.wav", device.played(), MIC_RATE)
@@ -105,6 +105,33 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                      f"{len(scripted.replies)}): the replay asked the model more than the session did; what it "
                      f"did is in {out}")
     return summary
+
+
+async def run_typing(session, device, says) -> None:
+    """The session, with each [[say]] typed at its second on the device's
+    clock, as `voice ctl say` types it: into the same queue as the spoken
+    turns, answered by voice."""
+    import anyio
+
+    typed = []  # the [[say]] tables typed so far
+
+    async def type_at(say) -> None:
+        while (due := say.at_s - device.position / MIC_RATE) > 0:
+            await anyio.sleep(due)
+        typed.append(say)
+        try:
+            await session.say(say.text)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise Failed(f"the replay ended before the typed turn at {say.at_s:g} s ({say.text!r}) ran") from None
+
+    async with anyio.create_task_group() as tg:
+        for say in says:
+            tg.start_soon(type_at, say)
+        await session.run()
+        tg.cancel_scope.cancel()
+    if late := [say for say in says if say not in typed]:
+        raise Failed(f"[[say]] at {late[0].at_s:g} s ({late[0].text!r}) comes after the replay ended at "
+                     f"{device.position / MIC_RATE:.1f} s: type it while the scenario's sound plays")
 
 
 def _reason(exc: Exception) -> str:

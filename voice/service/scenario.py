@@ -29,7 +29,8 @@ before each call, as an MCP server's destructive write does.
 
 A recorded session (voice.service.recording) is one [[user]] track at 0:
 the microphone as captured, from the device's start; each `[[play]]`
-(message = "TURN.STEP.ATTEMPT" as the replay numbers them, sentence = its
+(message = "TURN.STEP.ATTEMPT" as the replay numbers them, one of the
+replies' `message`, or its held part "TURN.STEP.ATTEMPT.1"; sentence = its
 index, at_s) holds that sentence of a reply until the second where it
 began playing in the recording, so that speech synthesis running faster or
 slower on another machine does not move the words a barge-in cuts. Its
@@ -43,12 +44,17 @@ noise_db) mixes what the speaker plays back into the mic, as laptop
 speakers do. Without it nothing leaks. `[listen] echo_cancellation = false`
 turns the canceller off for a scenario (to show what it prevents).
 
+A `[[say]]` (text, at = seconds on the scenario clock) is a typed turn,
+as `voice ctl say TEXT` gives one: `voice replay` types it then (within
+the scenario's sound; a recorded session's track covers its own).
+
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +68,7 @@ from voice.speech.stt import STT_MODELS
 from voice.toml_file import read_toml
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
-        "mic_blocks"}
+        "mic_blocks", "say"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase", "ask_first"}
 _USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
@@ -78,6 +84,13 @@ class ScenarioTool:
     receipt: str | None = None  # what a write stand-in's receipt says (None: it gives none: unknown)
     phrase: str | None = None
     ask_first: bool = False  # the person is asked before each call (voice.agent.approvals)
+
+
+@dataclass(frozen=True)
+class TypedTurn:
+    """A `[[say]]`: text typed (`voice ctl say`) at a second of the scenario's clock."""
+    text: str
+    at_s: float
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,7 @@ class Scenario:
     plays: tuple[tuple[str, int, float], ...] = ()  # (message id, sentence, seconds): it starts no sooner
     timing: str = "measured"  # "recorded": inference takes no time on the clock (a recorded session)
     blocks: tuple[int, ...] = ()  # mic block sizes (samples), in order; past them, 20 ms blocks
+    says: tuple[TypedTurn, ...] = ()  # typed turns, by time
 
     def play_at(self, rate: int) -> dict[tuple[str, int], int]:
         """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
@@ -139,7 +153,7 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
-    for table in ("user", "tool", "reply", "play"):
+    for table in ("user", "tool", "reply", "play", "say"):
         if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
             raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
@@ -202,14 +216,7 @@ def load_scenario(path: str | Path) -> Scenario:
     timing = data.get("timing", "measured")
     if timing not in ("measured", "recorded"):
         raise ValueError(f"scenario {path}: timing is \"measured\" (inference takes its time) or \"recorded\"")
-    plays = []
-    for n, p in enumerate(data.get("play", []), 1):
-        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["sentence"], int) \
-                or isinstance(p["sentence"], bool) or p["sentence"] < 0:
-            raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
-                             "sentence = INDEX and at_s = SECONDS")
-        plays.append((_text(path, f"[[play]] {n} message", p["message"]), p["sentence"],
-                      _number(path, f"[[play]] {n} at_s", p["at_s"], 0.0, DAY_S)))
+    plays = _plays(path, data.get("play", []), replies or ())
     stt_model = _text(path, "stt_model", data["stt_model"]) if "stt_model" in data else None
     if stt_model is not None and stt_model not in STT_MODELS:
         raise ValueError(f"scenario {path}: stt_model = {stt_model!r}: allowed {', '.join(STT_MODELS)}")
@@ -217,7 +224,39 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(path, tuple(users), replies, llm, _number(path, "tail", data.get("tail", 1.5), 0.0, DAY_S),
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
                     tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
-                    tuple(plays), timing, _blocks(path, mic_blocks))
+                    tuple(plays), timing, _blocks(path, mic_blocks), _says(path, data.get("say", [])))
+
+
+def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:
+    says = []
+    for n, t in enumerate(raw, 1):
+        if set(t) != {"text", "at"}:
+            raise ValueError(f"scenario {path}: [[say]] {n} needs exactly text = \"WORDS\" and at = SECONDS")
+        text = _text(path, f"[[say]] {n} text", t["text"])
+        if not text.strip():
+            raise ValueError(f"scenario {path}: [[say]] {n} text is empty: type the words the person typed")
+        says.append(TypedTurn(text, _number(path, f"[[say]] {n} at", t["at"], 0.0, DAY_S)))
+    return tuple(sorted(says, key=lambda t: t.at_s))
+
+
+def _plays(path: Path, raw: list[dict], replies: tuple[ScriptedReply, ...]) -> list[tuple[str, int, float]]:
+    """Each [[play]], whose message must be one of the replies' (or its
+    held part, ".1"): a play that names no reply would hold nothing, and
+    the replay would go its own way without a word."""
+    ids = [r.message for r in replies if r.message is not None]
+    plays = []
+    for n, p in enumerate(raw, 1):
+        if set(p) != {"message", "sentence", "at_s"} or not isinstance(p["sentence"], int) \
+                or isinstance(p["sentence"], bool) or p["sentence"] < 0:
+            raise ValueError(f"scenario {path}: [[play]] {n} needs exactly message = \"TURN.STEP.ATTEMPT\", "
+                             "sentence = INDEX and at_s = SECONDS")
+        message = _text(path, f"[[play]] {n} message", p["message"])
+        if message.removesuffix(".1") not in ids:
+            there = f"the replies are {', '.join(ids)}" if ids else "no reply has one"
+            raise ValueError(f"scenario {path}: [[play]] {n} message = {json.dumps(message)} names no [[reply]]: "
+                             f"{there} (each one's message = \"TURN.STEP.ATTEMPT\")")
+        plays.append((message, p["sentence"], _number(path, f"[[play]] {n} at_s", p["at_s"], 0.0, DAY_S)))
+    return plays
 
 
 def _blocks(path: Path, name: str | None) -> tuple[int, ...]:

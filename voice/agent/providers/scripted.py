@@ -16,6 +16,8 @@ Script format (TOML), one `[[reply]]` per model request, in order:
     # text_after_tools = "Done."   # optional: streamed after the tool calls
     # at_s = 8.7              # optional: the first delta no sooner than this second of the
     #                         # session's audio clock (a recorded session's timing; see `clock`)
+    # message = "1.0.0"       # optional: the request it answers, TURN.STEP.ATTEMPT (a recorded
+    #                         # session writes it; a scenario's [[play]] names it)
 
 When the script runs out, the provider raises ProviderError: a test that
 asks more of the model than it scripted fails loudly.
@@ -46,7 +48,8 @@ from voice.agent.providers.base import (
 from voice.toml_file import read_toml
 
 _REPLY_KEYS = {"chunk_delay_ms", "reasoning", "text", "error_after_chars", "finish", "tool_calls", "first_delay_ms",
-               "text_after_tools", "at_s"}
+               "text_after_tools", "at_s", "message"}
+MESSAGE_ID = re.compile(r"[1-9][0-9]*\.[0-9]+\.[0-9]+")  # TURN.STEP.ATTEMPT, as a replay numbers its requests
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ScriptedReply:
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     text_after_tools: str = ""
     at_s: float | None = None
+    message: str | None = None  # the request it answers (TURN.STEP.ATTEMPT): what a scenario's [[play]] names
 
 
 def split_words(text: str) -> list[str]:
@@ -90,6 +94,15 @@ def checked_number(where: str, value: Any, low: float, high: float) -> float:
     return float(value)
 
 
+def _words(where: str, key: str, value: Any) -> str:
+    """A text key of a reply: a TOML string. A bare number or true would be
+    spoken as written, so it is an error with the quoted form as the fix."""
+    if not isinstance(value, str):
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        raise ValueError(f"{where} {key} = {shown} must be a quoted string: write {key} = {json.dumps(shown)}")
+    return value
+
+
 def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
     replies = []
     for n, item in enumerate(raw, 1):
@@ -102,6 +115,7 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
         for call in item.get("tool_calls", []):
             if not isinstance(call, dict) or "name" not in call:
                 raise ValueError(f"{where}: reply {n}: each tool call needs a name")
+            _words(f"{where}: reply {n} tool call", "name", call["name"])
             args = call.get("arguments", {})
             if isinstance(args, str):  # JSON text, as a recorded stream has it (TOML has no null)
                 try:
@@ -110,11 +124,19 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                     raise ValueError(f"{where}: reply {n}: tool call arguments are not JSON ({exc})") from None
             if not isinstance(args, dict):
                 raise ValueError(f"{where}: reply {n}: tool call arguments must be a table")
-            calls.append(ScriptedToolCall(str(call["name"]), args))
+            calls.append(ScriptedToolCall(call["name"], args))
+        text = {key: _words(f"{where}: reply {n}", key, item.get(key, ""))
+                for key in ("text", "reasoning", "text_after_tools")}
+        if "finish" in item:
+            _words(f"{where}: reply {n}", "finish", item["finish"])
+        message = _words(f"{where}: reply {n}", "message", item["message"]) if "message" in item else None
+        if message is not None and not MESSAGE_ID.fullmatch(message):
+            raise ValueError(f"{where}: reply {n} message = {json.dumps(message)} must be TURN.STEP.ATTEMPT, "
+                             'e.g. message = "1.0.0"')
         replies.append(
             ScriptedReply(
-                text=str(item.get("text", "")),
-                reasoning=str(item.get("reasoning", "")),
+                text=text["text"],
+                reasoning=text["reasoning"],
                 chunk_delay_ms=checked_number(f"{where}: reply {n} chunk_delay_ms", item.get("chunk_delay_ms", 80),
                                               0, 60_000),
                 first_delay_ms=checked_number(f"{where}: reply {n} first_delay_ms", item.get("first_delay_ms", 0),
@@ -123,8 +145,9 @@ def parse_replies(raw: list[Any], where: str) -> list[ScriptedReply]:
                                                      item.get("error_after_chars", 0), 0, 10**9)),
                 finish=item.get("finish"),
                 tool_calls=tuple(calls),
-                text_after_tools=str(item.get("text_after_tools", "")),
+                text_after_tools=text["text_after_tools"],
                 at_s=checked_number(f"{where}: reply {n} at_s", item["at_s"], 0, DAY_S) if "at_s" in item else None,
+                message=message,
             )
         )
     return replies
