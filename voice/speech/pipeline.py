@@ -105,7 +105,9 @@ class LateSink(Protocol):
 class ListenProcessor(FrameProcessor):
     """VAD on the mic stream. An utterance ends after `stop_secs` of silence
     (the VAD's own rule; 1 s for one begun over the reply), or earlier when
-    its speculative transcript is a complete request (voice.speech.turn_end).
+    its speculative transcript is a complete request (voice.speech.turn_end);
+    over the paused reply, words that are a stop confirm the barge-in after
+    `end_s`, before the utterance ends.
     Smart-turn was measured unreliable on these voices and on read human
     speech (benchmarks/turn_end.py --smart-turn) and costs 55-95 ms per
     decision.

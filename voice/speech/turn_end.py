@@ -53,8 +53,9 @@ WORD = re.compile(r"[a-z0-9']+")
 # Words said over the reply are mostly short commands ending in a stop
 # consonant ("stop", "wait", "quit"): Silero calls the silent closure before
 # its release unvoiced, and cut 50 ms after the vowel, Whisper hears "Stop."
-# as "So", "All" or nothing. Nothing is speculated while the assistant speaks,
-# so keeping more of the silence costs an answer no time.
+# as "So", "All" or nothing. Such words are speculated on only after this much
+# silence, well inside the `end_s` a stop waits, so keeping more of it costs
+# the stop's decision no time.
 OVER_REPLY_TAIL_S = 0.2
 # And they are often followed by more after a breath: "Stop. Tell me something
 # else instead." has 0.5-0.6 s between Silero's last voiced frame of "Stop"
