@@ -148,8 +148,9 @@ def test_the_log_says_where_every_word_played_and_where_the_cut_fell(cut_after_s
     speech = o.of_type(ev.LISTEN_SPEECH)
     assert user.payload["audio"]["start"] == speech[0].payload["start"] and speech[0].payload["for_assistant"]
     assert speech[1].payload["start"] == paused.payload["onset"]
-    # confirmed by its voiced length, while it was still being said
-    assert confirmed.payload["reason"] == "voiced speech"
+    # confirmed while it was still being said: by its first word, a stop, once the breath after it
+    # had lasted end_s (a stop is decided at once, issue 27; it was by the voiced length of "Tell me…")
+    assert confirmed.payload["reason"] == "heard 'Stop', a stop"
     assert paused.payload["onset"] + 0.5 * 16000 <= confirmed.payload["at"] <= speech[1].payload["end"]
     clocks = o.of_type(ev.AUDIO_CLOCK)
     assert len(clocks) == 1 + len(o.turns) and clocks[0].payload["speaker_rate"] == 16000

@@ -7,6 +7,7 @@ timeline, and real Whisper on real human read speech."""
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from pathlib import Path
 
@@ -152,6 +153,34 @@ def test_words_begun_over_the_reply_stay_open_for_a_second_of_silence():
         assert tracker.holds_open() == over_reply
         _feed(tracker, utterance, voiced=False, blocks=1)
         assert not tracker.holds_open()
+
+
+def test_a_stop_over_the_reply_is_heard_after_a_requests_pause_and_nothing_else_is():
+    """Over the reply the words so far decide a stop once the person has
+    paused `end_s` (a complete request's pause), not the OVER_REPLY_END_S
+    the utterance itself waits; words that are more than a stop, words not
+    begun over the reply and stale words never do (issue 27, point 4)."""
+    settings = TurnEndSettings()
+    pause = math.ceil(settings.end_s * RATE / BLOCK)  # blocks of silence
+    for text, over_reply, heard in (("Stop!", True, "Stop!"), ("Okay, stop please.", True, "Okay, stop please."),
+                                    ("What?", True, None), ("Stop. Tell me more.", True, None),
+                                    ("Stop!", False, None)):
+        jobs: list[_Job] = []
+        tracker = TurnEndTracker(settings, lambda audio: jobs.append(_Job(text)) or jobs[-1], RATE, STOP_PHRASES)
+        tracker.reset(over_reply=over_reply)
+        utterance = bytearray()
+        _feed(tracker, utterance, voiced=True, blocks=10)
+        _feed(tracker, utterance, voiced=False, blocks=round(OVER_REPLY_TAIL_S * RATE / BLOCK))
+        assert len(jobs) == 1, text  # the words so far are recognised over the (paused) reply
+        jobs[0].ready = True
+        _feed(tracker, utterance, voiced=False, blocks=pause - round(OVER_REPLY_TAIL_S * RATE / BLOCK) - 1)
+        assert tracker.stop_heard() is None, text  # not yet: the pause is shorter than a request's
+        _feed(tracker, utterance, voiced=False)
+        assert tracker.stop_heard() == heard, text
+        assert tracker.holds_open() == over_reply  # the utterance still waits the second, for more words
+        if heard:
+            _feed(tracker, utterance, voiced=True)  # the person goes on: the words so far are stale
+            assert tracker.stop_heard() is None
 
 
 # -- the real pipeline on a timeline (fake recogniser, real VAD) -------------

@@ -25,6 +25,7 @@ from voice.log import events as ev
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.speakable import SpeakableStream
+from voice.speech.turn_end import OVER_REPLY_END_S, TurnEndSettings
 from voice.speech.vad_gate import SoundGate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -402,6 +403,32 @@ def test_a_stop_whose_last_consonant_follows_a_held_closure_still_stops(replays)
     assert_silent_after_ack(out, cut, None)
     said = [ln for ln in _transcript(out) if not ln.startswith("(")]
     assert said[-1].startswith("you: ") and words(said[-1].removeprefix("you: ")) == ["stop"], said
+
+
+def test_a_stop_is_confirmed_after_a_requests_pause_and_other_words_after_a_second(replays):
+    """A stop and nothing more over the reply is confirmed (the turn
+    cancelled, its model stream and tools with it) once the person has paused
+    `end_s`, the pause a complete request gets, not the OVER_REPLY_END_S its
+    utterance waits for more words; "What?" over the reply, a request, is
+    still decided only after that second (issue 27, point 4). Inference
+    takes no time on this clock: the times are the rule's."""
+    out = replays("stop_at_once")
+    what, stop = summary(out)["turns"]
+    assert what["status"] == stop["status"] == ev.ABORTED and what["interrupted"] and stop["interrupted"]
+    assert_silent_after_ack(out, stop, None)
+    utterances = {e.payload["start"]: e.payload for e in _speech_events(out, ev.LISTEN_SPEECH)}
+    confirmed = _speech_events(out, ev.SPEECH_CONFIRMED)
+    assert [c.turn for c in confirmed] == [what["turn"], stop["turn"]]
+    (stopped,) = _speech_events(out, ev.USER_STOP)
+    assert stopped.payload["intent"] == "stop" and stopped.turn == stop["turn"]
+    end_s = TurnEndSettings().end_s
+    for c, heard_after in zip(confirmed, (OVER_REPLY_END_S, end_s)):
+        utterance = utterances[c.payload["onset"]]  # the utterance that paused the reply
+        after = (c.payload["at"] - utterance["end"]) / RATE  # its last voiced block to the confirm
+        onset_to_confirm_ms = (c.payload["at"] - c.payload["onset"]) / RATE * 1000
+        assert heard_after <= after <= heard_after + 0.05, (c.payload, utterance, onset_to_confirm_ms)
+        # the utterance itself stays open the full second after either (more words may follow)
+        assert (utterance["decided"] - utterance["end"]) / RATE == pytest.approx(OVER_REPLY_END_S, abs=0.05)
 
 
 def test_a_backchannel_long_enough_to_cut_the_reply_is_never_answered(replays):

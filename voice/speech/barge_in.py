@@ -7,7 +7,9 @@ VAD has decided it is speech: such a pause is tentative, and is withdrawn
 (resumed) unless the VAD reports SPEAKING within `TENTATIVE_S`. For
 `REARM_S` after any resume only SPEAKING pauses. The judge
 (voice.speech.judge, a pure state machine) then confirms or resumes, from
-the voiced length of the utterance or, when it ends sooner, from its words.
+the voiced length of the utterance or, when it ends sooner, from its words;
+a stop and nothing more is confirmed as soon as its words are known and the
+person has paused (`stop_heard`), without waiting for the utterance's end.
 A confirmed barge-in cancels the agent's turn (its cancel scope), clears
 the speaker buffer inside the device callback and interrupts the pipeline
 (pipecat's `InterruptionFrame` drops queued sentences). A resume plays on
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from voice.agent.loop import AgentLoop
 from voice.audio.playback import PlaybackBuffer
 from voice.log.events import Body, SpeechCleared, SpeechConfirmed, SpeechPaused, SpeechResumed
-from voice.speech.judge import BargeInJudge, is_backchannel, stop_intent
+from voice.speech.judge import BargeInJudge, is_backchannel, is_own_echo, stop_intent
 
 # (event body, turn) -> the log
 Log = Callable[[Body, int | None], None]
@@ -56,7 +58,8 @@ class BargeInController:
     def __init__(self, judge: BargeInJudge, buffer: PlaybackBuffer, agent: AgentLoop, *, log: Log,
                  stop_phrases: tuple[str, ...], interrupt_pipeline: Callable[[], Awaitable[None]],
                  on_cut: Callable[[int], None] = lambda onset: None,
-                 ignored: Callable[[str], None] = lambda why: None):
+                 ignored: Callable[[str], None] = lambda why: None,
+                 speaking_text: Callable[[], str] = lambda: ""):
         self.judge = judge
         self.buffer = buffer
         self.agent = agent
@@ -65,11 +68,12 @@ class BargeInController:
         self._interrupt_pipeline = interrupt_pipeline
         self._on_cut = on_cut  # the running turn was cut by speech that began at this onset
         self._ignored = ignored
+        self._speaking_text = speaking_text  # what the assistant is saying (an echo of it is no stop)
         self._pause_turn: int | None = None
         self._tentative = False  # the pause came from the first frames, and SPEAKING has not followed yet
         self._position = 0  # the listener's, at the last block
         self._first_frames_from = 0  # the first-frames pause is off before this position (after a resume)
-        self._cut: tuple[int, int | None] | None = None  # (onset, turn) confirmed before its words were known
+        self._cut: tuple[int, int | None] | None = None  # (onset, turn) confirmed before all its words were known
         self._words_due: set[int] = set()  # onsets of utterances that ended and are being transcribed
         self._position = 0  # the mic position of the latest block: where a decision is taken
 
@@ -123,6 +127,26 @@ class BargeInController:
         elif verdict == "resume":
             self._ignored("a sound paused the reply and no speech followed; the reply went on")
         return self._settle(verdict, onset, "voiced speech" if verdict == "confirm" else "no speech followed")
+
+    def deciding(self, onset: int) -> bool:
+        """The reply is paused for the utterance that began at `onset`, and
+        neither confirmed nor resumed yet: its words are to decide."""
+        return self.judge.pending and self.judge.onset == onset and not self._tentative
+
+    def stop_heard(self, onset: int, text: str) -> bool:
+        """The words so far of the utterance that paused the reply, after a
+        pause (voice.speech.turn_end.TurnEndTracker.stop_heard): a stop and
+        nothing more confirms the barge-in now, so the turn's model stream
+        and tools stop with the speaker. Words that may yet resume the reply
+        (a backchannel such as "thanks", the assistant's own echo) are left
+        to the utterance's end, as is anything said after them. True when
+        confirmed (the caller interrupts the pipeline)."""
+        if not self.deciding(onset) or not stop_intent(text, self._stop_phrases):
+            return False
+        if is_backchannel(text) or is_own_echo(text, self._speaking_text()):
+            return False
+        self._cut = (onset, self._pause_turn)  # the utterance's words, once all heard, say what it asked for
+        return self._settle(self.judge.heard(text), onset, f"heard {text!r}, a stop")
 
     def utterance_ended(self, onset: int) -> None:
         """The utterance that began at `onset` ended; its words are on their way."""

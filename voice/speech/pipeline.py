@@ -105,7 +105,9 @@ class LateSink(Protocol):
 class ListenProcessor(FrameProcessor):
     """VAD on the mic stream. An utterance ends after `stop_secs` of silence
     (the VAD's own rule; 1 s for one begun over the reply), or earlier when
-    its speculative transcript is a complete request (voice.speech.turn_end).
+    its speculative transcript is a complete request (voice.speech.turn_end);
+    over the paused reply, words that are a stop confirm the barge-in after
+    `end_s`, before the utterance ends.
     Smart-turn was measured unreliable on these voices and on read human
     speech (benchmarks/turn_end.py --smart-turn) and costs 55-95 ms per
     decision.
@@ -198,8 +200,9 @@ class ListenProcessor(FrameProcessor):
         # blocks are the audio recognised), the one that confirms a barge-in too.
         ended = li.speaking and (self._complete_turn(n, voiced)
                                  or (state == VADState.QUIET and not self.turn_end.holds_open()))
-        # A pending barge-in (output paused) is confirmed or resumed as audio comes in.
-        if self._barge_in.block(n, voiced, end, li.speaking):
+        # A pending barge-in (output paused) is confirmed or resumed as audio comes in,
+        # or confirmed by the words so far when they are a stop.
+        if self._barge_in.block(n, voiced, end, li.speaking) or self._stop_heard():
             await self.push_frame(InterruptionFrame())
         elif ended:
             speech = self.turn_end.speech(li.end_utterance())
@@ -225,7 +228,10 @@ class ListenProcessor(FrameProcessor):
         early end when the utterance so far is a complete request."""
         li = self.listener
         idle = not self._barge_in.assistant_busy()
-        end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle)
+        # Over the paused reply the words so far are recognised too, for a stop
+        # (`_stop_heard`); they never end the utterance early: it waits OVER_REPLY_END_S.
+        deciding = li.barge_in and self._barge_in.deciding(li.onset)
+        end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle or deciding) and not deciding
         # Words not (yet) addressed to the assistant never reach the model early (wake mode).
         addressed = self.gate is None or self.gate.accepts_utterance(li.onset / MIC_RATE)
         text = self.turn_end.complete_request() if idle and addressed else None
@@ -235,6 +241,15 @@ class ListenProcessor(FrameProcessor):
             else:
                 self._speculation.start_early(li.speculated)
         return end
+
+    def _stop_heard(self) -> bool:
+        """The utterance that paused the reply is, so far, a stop and nothing
+        more, and the person paused: the barge-in is confirmed now (True)."""
+        li = self.listener
+        if not (li.speaking and li.barge_in):
+            return False
+        text = self.turn_end.stop_heard()
+        return text is not None and self._barge_in.stop_heard(li.onset, text)
 
     def _wake_word_in(self, audio: bytes, sound: bool) -> bool:
         """The wake-word detector on this block, only while the mic carries

@@ -9,7 +9,11 @@ the pause has lasted `end_s`, the turn ends at once and the transcript is
 the final one: no recognition is left after the end of turn. An incomplete
 transcript ("Go forward,", "Stop.") waits the VAD's full silence (words
 begun over the reply: `OVER_REPLY_END_S`); if the person speaks on, the
-speculative transcript is stale and dropped.
+speculative transcript is stale and dropped. Over the paused reply the
+words so far are recognised too: when they are a stop and nothing more and
+the pause has lasted `end_s`, the barge-in is decided by them at once
+(`stop_heard`), while the utterance itself stays open the full second in
+case a request follows ("Stop. Tell me something else instead.").
 
 Every recognition of an utterance, speculative or final, is of the same
 audio: up to its last voiced block and `speculate_s` of the silence after
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voice.settings import TurnEndSettings  # the [turn_end] section (re-exported)
+from voice.speech.judge import stop_intent
 from voice.speech.stt import Transcript
 
 # A complete request ends a sentence. These last words say the speaker is
@@ -48,8 +53,9 @@ WORD = re.compile(r"[a-z0-9']+")
 # Words said over the reply are mostly short commands ending in a stop
 # consonant ("stop", "wait", "quit"): Silero calls the silent closure before
 # its release unvoiced, and cut 50 ms after the vowel, Whisper hears "Stop."
-# as "So", "All" or nothing. Nothing is speculated while the assistant speaks,
-# so keeping more of the silence costs an answer no time.
+# as "So", "All" or nothing. Such words are speculated on only after this much
+# silence, well inside the `end_s` a stop waits, so keeping more of it costs
+# the stop's decision no time.
 OVER_REPLY_TAIL_S = 0.2
 # And they are often followed by more after a breath: "Stop. Tell me something
 # else instead." has 0.5-0.6 s between Silero's last voiced frame of "Stop"
@@ -57,10 +63,10 @@ OVER_REPLY_TAIL_S = 0.2
 # one turn or a stop and then a request depended on where the 32 ms frames
 # fell. Such an utterance ends after this much silence instead. The reply is
 # already paused, so the person hears no difference; a cough's pause resumes
-# this much later.
+# this much later. Only the utterance waits it: a stop and nothing more is
+# decided after `end_s` (TurnEndTracker.stop_heard), so the turn it cuts
+# (its model stream, its tools) does not run on for that second.
 OVER_REPLY_END_S = 1.0
-
-
 
 
 def complete(text: str, stop_phrases: tuple[str, ...] = ()) -> bool:
@@ -149,6 +155,16 @@ class TurnEndTracker:
             self.speculations += 1
         transcript = self.transcript()
         return decide(transcript.text if transcript else None, silence_s, self.settings, self._stop_phrases)
+
+    def stop_heard(self) -> str | None:
+        """Over the reply: the words so far, when they are a stop and nothing
+        more (`stop_intent`) and the person has paused `end_s`, as long as a
+        complete request's pause; None otherwise. The barge-in is decided by
+        them now, not when the utterance ends `OVER_REPLY_END_S` later."""
+        transcript = self.transcript()
+        if not self._over_reply or transcript is None or self._silent < self.settings.end_s * self._rate:
+            return None
+        return transcript.text if stop_intent(transcript.text, self._stop_phrases) else None
 
     def holds_open(self) -> bool:
         """The VAD has heard enough silence to end the utterance; keep it
