@@ -1,6 +1,7 @@
 """The benchmark suite's code path, in its tiny mode, so it cannot rot:
 one barge-in replay, the termination measurement, a short idle run, the VAD
-grid and one peer scenario; the JSON must hold every headline key, numeric."""
+grid, one peer scenario and the v2v step (one clip); the JSON must hold every
+headline key, numeric."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_benchmark_smoke(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--json", str(out),
                            "--keep", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)  # ~50 s on an idle 2-core machine
+                          timeout=360)  # ~60 s on an idle 2-core machine, 140 s at load 4
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     for key in KEYS:
@@ -32,6 +33,10 @@ def test_benchmark_smoke(tmp_path):
     assert result["termination_resistant_ms_p95"] >= 1000  # the SIGKILL bound (kill_after_s = 2.0) was exercised
     assert result["machine"]["cores"] and result["versions"]["pipecat"]
     assert "| ack_ms" in proc.stdout
+    # The v2v step as run.py runs it, into a folder run.py has not made (#26: --quick died there).
+    [v2v] = result["v2v"]["rows"]
+    assert v2v["tag"] == "tiny.en-ttft0-early" and v2v["turns"] == 1 and v2v["v2v_ms"]["n"] == 1
+    assert isinstance(result["v2v_tiny_en_ttft0_early_p50"], float) and "v2v_ms (tiny.en, TTFT 0 ms" in proc.stdout
 
 
 def test_log_append_benchmark_runs(tmp_path):
