@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--context-tokens", type=int, default=1024, help="llm.context_tokens there (default 1024)")
     parser.add_argument("--pause-s", type=float, default=1.0, help="there: typing pause after each reply (default 1)")
     parser.add_argument("--csv", type=Path, help="there: the per-turn rows as CSV")
+    parser.add_argument("--budget-min", type=float, help="there: start no turn after this many minutes")
     args = parser.parse_args()
     if reason := missing():
         print(f"benchmarks/llm_v2v.py: {reason}", file=sys.stderr)
@@ -125,7 +126,8 @@ def long_conversation_mode(args) -> int:
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), n_ctx=max(1024, args.context_tokens)) as server:
         turns, stopped = anyio.run(lambda: lc.converse(
             server.base_url, server.model, server.log_path, Path(tmp), args.turns, context_tokens=args.context_tokens,
-            pause_s=args.pause_s, progress=lambda line: print(line, flush=True)))
+            pause_s=args.pause_s, budget_s=args.budget_min * 60 if args.budget_min else None,
+            progress=lambda line: print(line, flush=True)))
         lc.attribute(turns, lc.server_requests(server.log_path.read_bytes()))
     result = {"mode": "long conversation (voice chat, typed)", "context_tokens": args.context_tokens,
               "pause_s": args.pause_s, "stopped_early": stopped, "machine": f"{os.cpu_count()} cores",
@@ -144,7 +146,7 @@ def long_conversation_mode(args) -> int:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     if args.csv and turns:
         lc.write_csv(turns, args.csv)
-    return 1 if stopped or not turns else 0
+    return 1 if not turns or (stopped and "budget" not in stopped) else 0
 
 
 if __name__ == "__main__":

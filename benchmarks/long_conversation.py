@@ -139,8 +139,11 @@ def _log(path: Path) -> bytes:
 
 
 async def converse(base_url: str, model: str, server_log: Path, workdir: Path, turns: int, *,
-                   context_tokens: int = 1024, pause_s: float = 1.0, progress=print) -> tuple[list[Turn], str]:
-    """The conversation, and why it stopped early ("" when it did not)."""
+                   context_tokens: int = 1024, pause_s: float = 1.0, budget_s: float | None = None,
+                   progress=print) -> tuple[list[Turn], str]:
+    """The conversation, and why it stopped early ("" when it did not):
+    with budget_s, no turn starts after that many seconds (a loaded machine
+    may not get through them all; the turns done are still reported)."""
     config = workdir / "voice.toml"
     config.write_text(f'[llm]\nprovider = "openai"\nbase_url = "{base_url}"\nmodel = "{model}"\ntimeout_s = 120\n'
                       f"context_tokens = {context_tokens}\n")
@@ -153,7 +156,7 @@ async def converse(base_url: str, model: str, server_log: Path, workdir: Path, t
         async with await anyio.open_process(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             stderr=stderr) as proc:
             try:
-                stopped = await _talk(proc, turns, server_log, pause_s, progress, done)
+                stopped = await _talk(proc, turns, server_log, pause_s, budget_s, progress, done)
             finally:
                 await proc.stdin.aclose()  # end of input: voice chat exits
                 with anyio.move_on_after(30):
@@ -163,10 +166,16 @@ async def converse(base_url: str, model: str, server_log: Path, workdir: Path, t
     return done, stopped
 
 
-async def _talk(proc, turns: int, server_log: Path, pause_s: float, progress, done: list[Turn]) -> str:
+async def _talk(proc, turns: int, server_log: Path, pause_s: float, budget_s: float | None, progress,
+                done: list[Turn]) -> str:
     buf = bytearray()
     size = lambda: server_log.stat().st_size  # noqa: E731
+    began = time.perf_counter()
+    stopped = ""
     for n in range(turns):
+        if budget_s is not None and time.perf_counter() - began > budget_s:
+            stopped = f"the {budget_s:.0f} s budget ran out after {n} of {turns} turns"
+            break
         line = QUESTIONS[n % len(QUESTIONS)]
         t = Turn(n + 1, line)
         try:
@@ -182,7 +191,8 @@ async def _talk(proc, turns: int, server_log: Path, pause_s: float, progress, do
                 t.reply_ms = (time.perf_counter() - sent) * 1000
                 t.reply = buf[label + len(b"assistant: "):].decode(errors="replace").strip()
         except TimeoutError:
-            return f"turn {t.turn} had no whole reply within {TURN_TIMEOUT_S} s"
+            stopped = f"turn {t.turn} had no whole reply within {TURN_TIMEOUT_S} s"
+            break
         if done:
             done[-1].done = t.sent
         done.append(t)
@@ -192,7 +202,7 @@ async def _talk(proc, turns: int, server_log: Path, pause_s: float, progress, do
     await anyio.sleep(pause_s)  # the last turn's after-work gets its pause too
     if done:
         done[-1].done = size()
-    return ""
+    return stopped
 
 
 def summarize(all_turns: list[Turn]) -> dict:

@@ -66,6 +66,17 @@ def vad_section(mode: dict, work: Path) -> dict:
     return {"rows": rows, "table": vad_grid.format_rows(rows, replay_ack), "vad_cpu": cost}
 
 
+def v2v_step(name: str, mode: dict, work: Path) -> dict:
+    """benchmarks/v2v.py into work/v2v, a folder no one has made yet."""
+    import v2v
+
+    if name == "smoke":  # one clip, tiny.en, the scripted model, no peer: the step's code path, in seconds
+        return v2v.measure(work / "v2v", quick=True, peer_runs=0, log=log, stt_models=("tiny.en",),
+                           clips=["what_time.wav"])
+    # minutes of replays; benchmarks/v2v.py runs it alone
+    return v2v.measure(work / "v2v", quick=name == "quick", peer_runs=mode["peer"], log=log)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group()
@@ -136,15 +147,8 @@ def main(argv=None) -> int:
         result["peer"] = peer
 
     # -- voice to voice: end of turn, speculation, TTFT 0/300, the peer beside --
-    import v2v as v2v_mod
-
     log("voice to voice (benchmarks/v2v.py):")
-    if name == "smoke":  # one clip, tiny.en, the scripted model, no peer: the step's code path, in seconds
-        v2v = v2v_mod.measure(work / "v2v", quick=True, peer_runs=0, log=log, stt_models=("tiny.en",),
-                              clips=["what_time.wav"])
-    else:  # minutes of replays; benchmarks/v2v.py runs it alone
-        v2v = v2v_mod.measure(work / "v2v", quick=name == "quick", peer_runs=mode["peer"], log=log)
-    result["v2v"] = v2v
+    v2v = result["v2v"] = v2v_step(name, mode, work)
 
     # -- flat keys -------------------------------------------------------------
     v2v_tiny = (st or {}).get("v2v_ms", {})

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 KEYS = ("ack_ms_p50", "ack_ms_p95", "termination_ms_p95", "termination_resistant_ms_p95",
@@ -19,6 +21,7 @@ KEYS = ("ack_ms_p50", "ack_ms_p95", "termination_ms_p95", "termination_resistant
         "replay_speedup", "idle_cpu_pct", "peak_rss_mb")
 
 
+@pytest.mark.timeout(400)
 def test_benchmark_smoke(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -61,3 +64,17 @@ def test_v2v_benchmark_runs(tmp_path):
     assert row["turns"] == 2 and row["false_splits"] == 0 and row["v2v_ms"]["n"] == 2
     assert all(isinstance(v, float) and v >= 0 for k, v in row["parts_p50"].items() if k != "first_token_ms")
     assert row["speculations"]["speculations"] >= row["speculations"]["used"] >= 1
+
+
+def test_run_py_v2v_step_makes_its_own_folder(tmp_path):
+    """#26: `run.py --quick` died at its end, FileNotFoundError on
+    work/v2v/tiny.en-ttft0-early.toml: run.py hands v2v.py a folder it has not
+    made. The step as run.py runs it, at its smoke size (one clip, tiny.en,
+    the scripted model)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run
+
+    result = run.v2v_step("smoke", run.MODES["smoke"], tmp_path / "work")
+    [row] = result["rows"]
+    assert row["tag"] == "tiny.en-ttft0-early" and row["turns"] == 1 and row["v2v_ms"]["n"] == 1
+    assert (tmp_path / "work" / "v2v" / "tiny.en-ttft0-early" / "events.db").is_file()
