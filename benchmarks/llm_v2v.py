@@ -15,6 +15,14 @@ The breakdown (benchmarks/replays.py `v2v_breakdown`): end-of-turn decision,
 Whisper, the model's first token and first sentence, then piper and the
 first device block. The server and piper compete for the same 2 cores, as
 on a laptop.
+
+    python benchmarks/llm_v2v.py --turns 200 [--context-tokens 1024] [--csv OUT.csv] [--json OUT]
+
+The long-conversation mode instead: N typed turns through `voice chat`, past
+several moves of the context window, each turn's time to the reply's first
+character and the prompt tokens the server evaluated for it
+(benchmarks/long_conversation.py); p50, p95 and the slowest 5 % against the
+median.
 """
 
 from __future__ import annotations
@@ -64,10 +72,17 @@ def main() -> int:
     parser.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model (default: the config's)")
     parser.add_argument("--clips", nargs="+", metavar="WAV", help="only these clips (names as in HUMAN, ESPEAK)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--turns", type=int, help="the long-conversation mode: this many typed turns (e.g. 200)")
+    parser.add_argument("--context-tokens", type=int, default=1024, help="llm.context_tokens there (default 1024)")
+    parser.add_argument("--pause-s", type=float, default=1.0, help="there: typing pause after each reply (default 1)")
+    parser.add_argument("--csv", type=Path, help="there: the per-turn rows as CSV")
+    parser.add_argument("--budget-min", type=float, help="there: start no turn after this many minutes")
     args = parser.parse_args()
     if reason := missing():
         print(f"benchmarks/llm_v2v.py: {reason}", file=sys.stderr)
         return 2
+    if args.turns:
+        return long_conversation_mode(args)
     load_start = os.getloadavg()
     clips = [AUDIO / "human" / c for c in HUMAN] + [AUDIO / c for c in ESPEAK]
     clips = [c for c in clips if not args.clips or c.name in args.clips]
@@ -100,6 +115,38 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def long_conversation_mode(args) -> int:
+    import anyio
+
+    import long_conversation as lc
+
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), n_ctx=max(1024, args.context_tokens)) as server:
+        turns, stopped = anyio.run(lambda: lc.converse(
+            server.base_url, server.model, server.log_path, Path(tmp), args.turns, context_tokens=args.context_tokens,
+            pause_s=args.pause_s, budget_s=args.budget_min * 60 if args.budget_min else None,
+            progress=lambda line: print(line, flush=True)))
+        lc.attribute(turns, lc.server_requests(server.log_path.read_bytes()))
+    result = {"mode": "long conversation (voice chat, typed)", "context_tokens": args.context_tokens,
+              "pause_s": args.pause_s, "stopped_early": stopped, "machine": f"{os.cpu_count()} cores",
+              "load_avg_at_start": load_start, "load_avg_at_end": os.getloadavg(),
+              "summary": lc.summarize(turns) if turns else {}, "per_turn": [vars(t) for t in turns]}
+    s = result["summary"]
+    if turns:
+        f = s["first_char_ms"]
+        print(f"{s['turns']} turns: first char p50 {f['p50']:.0f} ms p95 {f['p95']:.0f} max {f['max']:.0f}; slowest 5 % "
+              f"{s['slowest_5pct_min_over_median']}-{max(s['slowest_5pct_ms']) / f['p50']:.1f}x the median; evaluated "
+              f"tokens p50 {s['evaluated_tokens']['p50']} p95 {s['evaluated_tokens']['p95']}; load {load_start} -> "
+              f"{result['load_avg_at_end']}")
+    if stopped:
+        print(f"stopped early: {stopped}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.csv and turns:
+        lc.write_csv(turns, args.csv)
+    return 1 if not turns or (stopped and "budget" not in stopped) else 0
 
 
 if __name__ == "__main__":

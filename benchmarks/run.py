@@ -66,6 +66,17 @@ def vad_section(mode: dict, work: Path) -> dict:
     return {"rows": rows, "table": vad_grid.format_rows(rows, replay_ack), "vad_cpu": cost}
 
 
+def v2v_step(name: str, mode: dict, work: Path) -> dict:
+    """benchmarks/v2v.py into work/v2v, a folder no one has made yet."""
+    import v2v
+
+    if name == "smoke":  # one clip, tiny.en, the scripted model, no peer: the step's code path, in seconds
+        return v2v.measure(work / "v2v", quick=True, peer_runs=0, log=log, stt_models=("tiny.en",),
+                           clips=["what_time.wav"])
+    # minutes of replays; benchmarks/v2v.py runs it alone
+    return v2v.measure(work / "v2v", quick=name == "quick", peer_runs=mode["peer"], log=log)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group()
@@ -136,13 +147,8 @@ def main(argv=None) -> int:
         result["peer"] = peer
 
     # -- voice to voice: end of turn, speculation, TTFT 0/300, the peer beside --
-    v2v = None
-    if name != "smoke":  # minutes of replays; benchmarks/v2v.py runs it alone
-        import v2v as v2v_mod
-
-        log("voice to voice (benchmarks/v2v.py):")
-        v2v = v2v_mod.measure(work / "v2v", quick=name == "quick", peer_runs=mode["peer"], log=log)
-        result["v2v"] = v2v
+    log("voice to voice (benchmarks/v2v.py):")
+    v2v = result["v2v"] = v2v_step(name, mode, work)
 
     # -- flat keys -------------------------------------------------------------
     v2v_tiny = (st or {}).get("v2v_ms", {})
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
         flat[f"{key}_p50"], flat[f"{key}_p95"] = row["v2v_ms"]["p50"], row["v2v_ms"]["p95"]
         flat[f"{key}_false_splits"] = row["false_splits"]
         flat[f"{key}_eot_p50"] = row["parts_p50"]["eot_ms"]
-    if v2v:
+    if v2v["peer_v2v_ms"]:
         flat["peer_v2v_ms_p50"] = v2v["peer_v2v_ms"]["p50"]
     if peer and "error" not in peer:
         flat["peer_prefix_error_words_mean"] = peer["prefix_error_words"]["mean"]
@@ -241,7 +247,7 @@ def render(r: dict, vad_table: str) -> str:
                          v["v2v_ms"], "", "p50 parts: " + " + ".join(f"{k[:-3]} {_f(x)}" for k, x in v["parts_p50"].items())
                          + f"; false splits {v['false_splits']}; speculations {sp.get('speculations')}, used {sp.get('used')}"
                          + f"; early model starts {sp.get('early_starts')}, used {sp.get('early_used')}"))
-    if r.get("v2v"):
+    if (r.get("v2v") or {}).get("peer_v2v_ms"):
         lines.append(row("PEER v2v_ms (stock pipecat, smart-turn v3, base)", r["v2v"]["peer_v2v_ms"], "",
                          "three_points.wav; ours on the same clip and reply: "
                          + ", ".join(f"{'early' if o['early'] else 'VAD'} {_f(o['v2v_ms']['p50'])}"

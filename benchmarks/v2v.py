@@ -52,6 +52,8 @@ def scenario(path: Path, clips: list[str], ttft_ms: int, reply: str = REPLY) -> 
 def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=print, reply: str = REPLY,
         name: str = "") -> dict:
     tag = f"{name}{stt}-ttft{ttft_ms}-{'early' if early else 'vad'}"
+    # Made here, where the first file is written: callers hand a folder under their own (run.py: work/v2v).
+    work.mkdir(parents=True, exist_ok=True)
     config = work / f"{tag}.toml"
     config.write_text(f"[turn_end]\nenabled = {'true' if early else 'false'}\n")
     t = time.perf_counter()
@@ -77,14 +79,16 @@ def run(work: Path, stt: str, ttft_ms: int, early: bool, clips: list[str], log=p
     return row
 
 
-def measure(work: Path, *, quick: bool = False, peer_runs: int = 4, log=print) -> dict:
+def measure(work: Path, *, quick: bool = False, peer_runs: int = 4, log=print,
+            stt_models: tuple[str, ...] = ("tiny.en", "base"), clips: list[str] | None = None) -> dict:
     """Every combination (quick: 0 ms TTFT, early end only), then the peer
-    beside ours on its clip and reply."""
-    work.mkdir(parents=True, exist_ok=True)  # (benchmarks/run.py hands a folder it has not made)
-    clips = ESPEAK + HUMAN
-    combos = [(stt, ttft, early) for stt in ("tiny.en", "base") for ttft in ((0,) if quick else (0, 300))
+    beside ours on its clip and reply (none with peer_runs 0: run.py --smoke)."""
+    clips = clips or ESPEAK + HUMAN
+    combos = [(stt, ttft, early) for stt in stt_models for ttft in ((0,) if quick else (0, 300))
               for early in ((True,) if quick else (True, False))]
     rows = [run(work, *c, clips, log=log) for c in combos]
+    if not peer_runs:
+        return {"rows": rows, "clips": clips, "reply": REPLY, "peer_v2v_ms": None, "ours_on_peer_clip": []}
     # The peer (stock pipecat 1.14 with its default smart-turn v3 stop, base, real-time paced) on
     # three_points.wav, replying with replays.FAST_TEXT at 40 ms per word; ours on the same clip beside it.
     import peer
