@@ -1,10 +1,13 @@
 """`voice replay SCENARIO --out DIR`: a scenario through the same pipeline the
 live service runs, with the replay device on the autojump clock.
 
-Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock),
-DIR/events.db and DIR/summary.json (and DIR/requests.json, what the scripted
-model was sent). DIR must be new or empty: a replay never writes over a log
-or a recording.
+Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock) as it
+goes, through the recorder `voice run --record` uses (a killed replay leaves
+them readable, up to the block it was at), DIR/events.db, and at the end
+DIR/summary.json (and DIR/requests.json, what the scripted model was sent).
+DIR must be new or empty: a replay never writes over a log or a recording.
+The device keeps no sound: memory grows with the scenario's turns, not its
+length in time (benchmarks/replay_memory.py).
 """
 
 from __future__ import annotations
@@ -56,10 +59,8 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
     quiet_pipecat()
 
     from voice.agent.providers.scripted import ScriptedProvider
-    from voice.audio.recording import private_directory
-    from voice.audio.replay_device import ReplayDevice
-    from voice.audio.wav import write_wav
-    from voice.service.assembly import not_yet_idle, open_voice
+    from voice.audio.recording import Recorder, private_directory
+    from voice.service.assembly import open_voice
     from voice.service.scenario import load_scenario
 
     with as_usage_error(ValueError):
@@ -69,11 +70,18 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
         private_directory(out)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--out: {_reason(exc)}") from None
-    device = ReplayDevice(scenario, idle=not_yet_idle, realtime=realtime)
+    device = replay_device(scenario, realtime=realtime)
     tools = [_scenario_tool([t for t in scenario.tools if t.name == name])
              for name in dict.fromkeys(t.name for t in scenario.tools)]
 
     async def main() -> tuple[dict[str, Any], ScriptedProvider | None]:
+        recorder = Recorder(directory=out, block_sizes=False)  # the mic and the speaker, to disk as they come
+        try:
+            return await replay(recorder)
+        finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
+            recorder.close()
+
+    async def replay(recorder: Recorder) -> tuple[dict[str, Any], ScriptedProvider | None]:
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover; recorded
         # results stand in for every tool: no MCP server starts. A real server's answer is network I/O:
         # the clock holds while it runs (`hold`).
@@ -81,14 +89,10 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                               stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
                               echo_required=True, models_first=True, resume=False,
                               keep=None,  # finite: its summary reads every turn
-                              verbose=verbose, hold=clock.busy, db=out / "events.db", data_dir=out / "data",
-                              recovery=False, mcp=False, grants=out / "grants.json") as voice:
+                              recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
+                              data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
-            try:
-                await voice.session.run()
-            finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
-                write_wav(out / "mic.wav", device.mic(), MIC_RATE)
-                write_wav(out / "played.wav", device.played(), MIC_RATE)
+            await voice.session.run()
             summary = _summary(voice.session, device, voice.app.store, time.perf_counter() - started)
             # The scenario's scripted replies (a server's provider, held on the clock, is not one)
             scripted = voice.app.provider if isinstance(voice.app.provider, ScriptedProvider) else None
@@ -105,6 +109,16 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                      f"{len(scripted.replies)}): the replay asked the model more than the session did; what it "
                      f"did is in {out}")
     return summary
+
+
+def replay_device(scenario, *, realtime: bool = False):
+    """The device of `voice replay`: it keeps what the summary reads (every
+    clip placed, tick lateness as counts), not the sound, which the session's
+    recorder writes to disk as it comes; so a long replay runs in flat memory."""
+    from voice.audio.replay_device import ReplayDevice
+    from voice.service.assembly import not_yet_idle
+
+    return ReplayDevice(scenario, idle=not_yet_idle, realtime=realtime, record=False, summarize=True)
 
 
 def _reason(exc: Exception) -> str:
@@ -184,7 +198,6 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "user_end_s": info.utterance_end / MIC_RATE,
             "stt_s": round(info.stt_s, 3),
         })
-    lateness = sorted(device.tick_lateness) or [0.0]
     duration = device.position / MIC_RATE
     listen = session.parts.listen
     tracker = listen.turn_end
@@ -201,7 +214,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "duration_s": duration,
             "wall_s": round(wall, 2),
             "speedup": round(duration / wall, 2) if wall else None,
-            "tick_lateness_ms_p99": round(lateness[int(0.99 * (len(lateness) - 1))] * 1000, 1),
+            "tick_lateness_ms_p99": device.lateness_p99_ms(),
             "clips": [{"audio": p.clip.name, "start_s": p.start / MIC_RATE, "onset_s": p.onset / MIC_RATE} for p in device.placed],
             "gave_up": device.gave_up,
         },
