@@ -26,6 +26,11 @@ from voice.settings import Settings
 
 
 
+#: Voice-surface units (messages) a replay holds, the newest, as a service
+#: does: the summary's speech spans are folded in as they play (SpeechSpans).
+KEEP_UNITS = 256
+
+
 def run_replay(scenario_path: Path, out: Path, settings: Settings, *, realtime: bool = False,
                stt_model: str | None = None, verbose: bool = False) -> dict[str, Any]:
     clock = VirtualClock()
@@ -71,6 +76,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
     except (ValueError, OSError) as exc:
         raise UsageError(f"--out: {_reason(exc)}") from None
     device = replay_device(scenario, realtime=realtime)
+    spans = SpeechSpans(device.buffer)
     tools = [_scenario_tool([t for t in scenario.tools if t.name == name])
              for name in dict.fromkeys(t.name for t in scenario.tools)]
 
@@ -88,12 +94,12 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
         async with open_voice(settings, device, scenario=scenario, llm=scenario.llm, tools=tools,
                               stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
                               echo_required=True, models_first=True, resume=False,
-                              keep=None,  # finite: its summary reads every turn
+                              keep=None, keep_units=KEEP_UNITS,  # finite: its summary reads every turn's figures
                               recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
                               data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
             await voice.session.run()
-            summary = _summary(voice.session, device, voice.app.store, time.perf_counter() - started)
+            summary = _summary(voice.session, device, spans, voice.app.store, time.perf_counter() - started)
             # The scenario's scripted replies (a server's provider, held on the clock, is not one)
             scripted = voice.app.provider if isinstance(voice.app.provider, ScriptedProvider) else None
             if scripted is not None:  # what the model was really sent, for parity checks
@@ -150,23 +156,32 @@ def _scenario_tool(specs):
                 destructive=first.ask_first)
 
 
-def speech_span(buffer, conversation: str, turn: int) -> tuple[int, int] | None:
-    """Device positions of the first and last played sample of a turn's
-    speech (the replay's buffer keeps every sentence it played)."""
-    spans = [buffer.span(key) for key in buffer.keys() if key[0].turn == turn and key[0].conversation == conversation]
-    spans = [s for s in spans if s is not None and s[1] > s[0]]
-    if not spans:
-        return None
-    return min(s[0] for s in spans), max(s[1] for s in spans)
+class SpeechSpans:
+    """Device positions of the first and last played sample of each turn's
+    speech, folded in as the playback buffer hands samples over (its
+    `on_handed`): one pair a turn, while the buffer forgets the sentences."""
+
+    def __init__(self, buffer) -> None:
+        self._spans: dict[tuple[str, int], tuple[int, int]] = {}
+        buffer.on_handed = self._handed
+
+    def _handed(self, key, start: int, end: int) -> None:
+        ref = key[0]  # a sentence's key: (its unit, its index)
+        turn = (ref.conversation, ref.turn)
+        known = self._spans.get(turn)
+        self._spans[turn] = (start, end) if known is None else (min(known[0], start), max(known[1], end))
+
+    def of(self, conversation: str, turn: int) -> tuple[int, int] | None:
+        return self._spans.get((conversation, turn))
 
 
-def _summary(session, device, store, wall: float) -> dict[str, Any]:
+def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[str, Any]:
     from voice.log.projections import turn_reply
 
     turns = []
     for info in session.turns:
         reply = turn_reply(store, session.conversation, info.turn)
-        span = speech_span(device.buffer, session.conversation, info.turn)
+        span = spans.of(session.conversation, info.turn)
         barge_in_s = ack_ms = measured_from = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
