@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -48,7 +49,7 @@ def write_scenario(turns: int, directory: Path) -> Path:
             users.append(f'[[user]]\naudio = "{HUMAN / barge[n % len(barge)]["file"]}"\nbarge_in_after = 1.0\n')
         else:  # after_idle: a barge-in heard as nothing is answered by nothing, and the next request still comes
             users.append(f'[[user]]\naudio = "{HUMAN / requests[n % len(requests)]["file"]}"\nafter_idle = 0.5\n')
-    replies = [f'[[reply]]\nchunk_delay_ms = 30\ntext = "{REPLIES[n % len(REPLIES)]}"\n' for n in range(turns + 10)]
+    replies = [f'[[reply]]\nchunk_delay_ms = 30\ntext = "{REPLIES[n % len(REPLIES)]}"\n' for n in range(2 * turns)]  # a barge-in may ask twice
     path = directory / "long.toml"
     path.write_text(f'stt_model = "tiny.en"\ntiming = "recorded"\nmax_duration = {turns * 60}\n\n'
                     + "\n".join(users) + "\n" + "\n".join(replies))
@@ -81,6 +82,8 @@ def turns_ended(db: Path) -> int:
 def measure(turns: int, work: Path, code: Path) -> dict:
     scenario = write_scenario(turns, work)
     out = work / "out"
+    if out.is_dir():  # an earlier run's (--keep): voice replay wants a new or empty folder
+        shutil.rmtree(out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(work / "xdg-config"),
            "PYTHONPATH": str(code)}
     started = time.perf_counter()
