@@ -253,7 +253,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
     from voice.audio.replay_device import ReplayDevice
     from voice.config import load_config
     from voice.log.store import EventStore, new_conversation_id
-    from voice.service.replay import speech_span
+    from voice.service.replay import SpeechSpans
     from voice.speech.builder import build_voice_session, load_models
     from voice.speech.settings import VoiceSettings
 
@@ -265,6 +265,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
     scen = scenario(turns)
     running: list[Any] = []
     device = ReplayDevice(scen, idle=lambda: bool(running) and running[0].idle(), record=False)
+    spans = SpeechSpans(device.buffer)
     model = CyclingModel()
     settings = VoiceSettings.from_config(config, listen_mode="open")
     samples: list[Sample] = []
@@ -306,7 +307,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
                         continue
                     seen.add(info.turn)
                     progress[0] = device.position
-                    span = speech_span(device.buffer, session.conversation, info.turn)
+                    span = spans.of(session.conversation, info.turn)
                     latency = (span[0] - info.utterance_end) / MIC_RATE if span else None
                     samples.append(Sample(len(seen), info.turn, latency, rss_mb(), *heap_mb(), sys.getallocatedblocks(),
                                           open_fds(), threads(), os_threads(), log_bytes(db),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 #: Positions of the newest pauses, resumes, clears and chunk starts kept (a
@@ -89,6 +89,10 @@ class PlaybackBuffer:
     #: called (from the thread that pulls) after a pull that started or
     #: finished a chunk, or carried out a clear, drop, pause or resume
     _listeners: list = field(default_factory=list)
+    #: `on_handed(key, start, end)` after a pull that handed samples of a chunk
+    #: over: its span so far (device positions); a replay folds these into the
+    #: figures of each turn, since the chunks themselves are forgotten
+    on_handed: Callable[[Hashable, int, int], None] | None = None
 
     def __post_init__(self) -> None:
         self.pauses, self.resumes, self.clears, self.starts = (Marks(self.keep) for _ in range(4))
@@ -133,6 +137,7 @@ class PlaybackBuffer:
         """The next `n` samples for the device (silence when idle)."""
         out = np.zeros(n, dtype=np.int16)
         changed = False
+        handed = []
         with self._lock:
             if self._clear_requested:
                 changed = True
@@ -172,11 +177,15 @@ class PlaybackBuffer:
                 out[filled : filled + take] = chunk.samples[chunk.taken : chunk.taken + take]
                 chunk.taken += take
                 filled += take
+                if take and self.on_handed is not None:
+                    handed.append((chunk.key, chunk.start, chunk.start + chunk.taken))
                 if chunk.taken == chunk.length:
                     self._queue.popleft()
                     chunk.release()
                     changed = True
             self.position += n
+        for key, start, end in handed:
+            self.on_handed(key, start, end)
         if changed:
             for listener in self._listeners:
                 listener()

@@ -55,7 +55,9 @@ def private_file(path: Path) -> None:
 
 
 class Recorder:
-    def __init__(self, *, ring_s: float | None = None, directory: Path | None = None):
+    def __init__(self, *, ring_s: float | None = None, directory: Path | None = None, block_sizes: bool = True):
+        """`block_sizes`: with `directory`, also write mic_blocks.txt (a
+        replay's output does not: its blocks are its scenario's)."""
         self.ring_samples = int(ring_s * MIC_RATE) if ring_s is not None else None
         self.directory = directory
         self._blocks: dict[str, deque[np.ndarray]] = {t: deque() for t in TRACKS}
@@ -72,8 +74,9 @@ class Recorder:
                 w.setframerate(MIC_RATE)
                 self._files[track] = w
                 private_file(directory / f"{track}.wav")
-            self._blocks_file = open(directory / BLOCKS, "w", buffering=1)  # line-buffered: a killed run keeps it
-            private_file(directory / BLOCKS)
+            if block_sizes:
+                self._blocks_file = open(directory / BLOCKS, "w", buffering=1)  # line-buffered: a killed run keeps it
+                private_file(directory / BLOCKS)
 
     @classmethod
     def ring(cls, seconds: float) -> Recorder | None:
@@ -92,7 +95,7 @@ class Recorder:
                     continue
                 if track in self._files:
                     self._files[track].writeframes(data)
-                    if track == "mic":
+                    if track == "mic" and self._blocks_file is not None:
                         self._blocks_file.write(f"{len(data) // 2}\n")
                     continue
                 block = np.frombuffer(data, np.int16).copy()

@@ -19,7 +19,7 @@ and a built-in microphone would.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,10 +90,15 @@ NOTHING_TO_CUT_S = 2.0
 
 @dataclass
 class ReplayDevice:
-    """`record` (default: unless `hold`): keep the whole session (mic and
-    played audio, every tick's lateness, every playback mark) for a summary
-    written afterwards. Without it the device keeps bounded recent figures
-    only, so a replay of any length (the daemon's, a soak) runs in flat memory."""
+    """`record` (default: unless `hold`): keep the whole session in memory
+    (mic and played audio, every tick's lateness, every playback mark), for
+    tests that read it afterwards. Without it the device keeps bounded recent
+    figures only, so a replay of any length (the daemon's, a soak) runs in
+    flat memory. `summarize` (default: `record`): also keep what a replay's
+    summary reads, in memory that grows with the scenario, not with time:
+    every clip placed (the scenario holds them all anyway) and the ticks'
+    lateness as counts per 0.1 ms. `voice replay` summarizes without
+    recording: its sound goes to disk as it comes (the session's recorder)."""
 
     scenario: ReplayScript
     idle: Callable[[], bool]  # True when the assistant has nothing to do or say
@@ -101,12 +106,14 @@ class ReplayDevice:
     realtime: bool = False
     hold: bool = False  # after the scenario, keep listening to silence until cancelled (the daemon)
     record: bool | None = None
+    summarize: bool | None = None
     position: int = 0
-    placed: list[PlacedClip] = field(default_factory=list)  # without `record`, from the one still heard on
+    placed: list[PlacedClip] = field(default_factory=list)  # without `summarize`, from the one still heard on
     clips_placed: int = 0  # of the scenario's users, in order
     mic_blocks: list[np.ndarray] = field(default_factory=list)
     played_blocks: list[np.ndarray] = field(default_factory=list)
     tick_lateness: deque[float] = field(init=False)
+    lateness_counts: Counter[float] = field(default_factory=Counter)  # ms (to 0.1) -> ticks, with `summarize`
     gave_up: str | None = None
     _echo: "_EchoPath | None" = None
     _audible_from: int = 0  # placed clips before this one have ended: mixing skips them
@@ -115,6 +122,8 @@ class ReplayDevice:
     def __post_init__(self) -> None:
         if self.record is None:
             self.record = not self.hold
+        if self.summarize is None:
+            self.summarize = self.record
         if self.buffer is None:
             self.buffer = PlaybackBuffer(MIC_RATE, keep=None) if self.record else PlaybackBuffer(MIC_RATE)
         self.tick_lateness = deque(maxlen=None if self.record else KEEP_TICKS)
@@ -136,6 +145,17 @@ class ReplayDevice:
 
     def played(self) -> np.ndarray:
         return np.concatenate(self.played_blocks) if self.played_blocks else np.zeros(0, np.int16)
+
+    def lateness_p99_ms(self) -> float:
+        """The 99th percentile of every tick's lateness (`summarize`), in ms
+        to 0.1: the figure a sorted list of them gives, since rounding keeps
+        their order."""
+        rank = int(0.99 * (sum(self.lateness_counts.values()) - 1))
+        for ms in sorted(self.lateness_counts):
+            rank -= self.lateness_counts[ms]
+            if rank < 0:
+                return ms
+        return 0.0
 
     async def run(self, on_mic: OnMic) -> None:
         limit = int(self.scenario.max_duration * MIC_RATE)
@@ -164,7 +184,10 @@ class ReplayDevice:
                 else:
                     idle_since = None
             deadline += n / MIC_RATE
-            self.tick_lateness.append(max(0.0, time.monotonic() - deadline))
+            late = max(0.0, time.monotonic() - deadline)
+            self.tick_lateness.append(late)
+            if self.summarize:
+                self.lateness_counts[round(late * 1000, 1)] += 1
             await anyio.sleep_until(deadline)
         self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"
 
@@ -209,7 +232,7 @@ class ReplayDevice:
         out = np.zeros(n, np.int32)
         while self._audible_from < len(self.placed) and self.placed[self._audible_from].end <= start:
             self._audible_from += 1  # (clips are placed in order: a tick's cost stays flat)
-        if not self.record and self._audible_from > 1:  # a soak, a daemon: forget clips heard out (not the last)
+        if not self.summarize and self._audible_from > 1:  # a soak, a daemon: forget clips heard out (not the last)
             del self.placed[: self._audible_from - 1]
             self._audible_from = 1
         for p in self.placed[self._audible_from:]:

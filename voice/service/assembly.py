@@ -57,7 +57,8 @@ class Voice:
 async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scenario | None = None,
                      llm: str | None = None, stt_model: str | None = None, echo: bool | None = None,
                      echo_required: bool = False, models_first: bool = False, resume: bool = True,
-                     tools: Sequence[Any] = (), recorder: Any = None, keep: int | None = 64, verbose: bool = False,
+                     tools: Sequence[Any] = (), recorder: Any = None, keep: int | None = 64,
+                     keep_units: int | None = None, verbose: bool = False,
                      hold: Callable[[], AbstractContextManager[object]] | None = None,
                      db: str | Path | None = None, **app_options: Any) -> AsyncIterator[Voice]:
     """A voice session on `device`, answering through an app opened on
@@ -69,7 +70,7 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
     not a warning; `models_first`: see the module docstring; `resume`: the
     latest conversation unless it ended or was idle past the gap (else a
     new one); `tools`: added to the app's (a
-    replay's stand-ins); `recorder`, `keep`: see build_voice_session;
+    replay's stand-ins); `recorder`, `keep`, `keep_units`: see build_voice_session;
     `hold`: around work the event loop cannot see (a replay's clock);
     `db` and `app_options` go to open_app."""
     voice_settings = (VoiceSettings.from_settings(settings) if scenario is None else  # "open" unless it says
@@ -92,7 +93,7 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
         conversation = resume_or_new(app.store, settings.conversation.idle_gap_s) if resume else new_conversation_id()
         session = build_voice_session(app, device, models, voice_settings, conversation=conversation,
                                       aside=(lambda line: print(line, flush=True)) if verbose else None,
-                                      recorder=recorder, keep=keep,
+                                      recorder=recorder, keep=keep, keep_units=keep_units,
                                       play_at=scenario.play_at(device.out_rate) if scenario else None)
         if isinstance(device, ReplayDevice):
             device.idle = session.idle  # it asks whether all is quiet before the next clip

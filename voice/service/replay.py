@@ -1,10 +1,13 @@
 """`voice replay SCENARIO --out DIR`: a scenario through the same pipeline the
 live service runs, with the replay device on the autojump clock.
 
-Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock),
-DIR/events.db and DIR/summary.json (and DIR/requests.json, what the scripted
-model was sent). DIR must be new or empty: a replay never writes over a log
-or a recording.
+Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock) as it
+goes, through the recorder `voice run --record` uses (a killed replay leaves
+them readable, up to the block it was at), DIR/events.db, and at the end
+DIR/summary.json (and DIR/requests.json, what the scripted model was sent).
+DIR must be new or empty: a replay never writes over a log or a recording.
+The device keeps no sound: memory grows with the scenario's turns, not its
+length in time (benchmarks/replay_memory.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from voice.audio.device import MIC_RATE
 from voice.errors import Failed, UsageError, as_usage_error
 from voice.settings import Settings
 
+
+
+#: Voice-surface units (messages) a replay holds, the newest, as a service
+#: does: the summary's speech spans are folded in as they play (SpeechSpans).
+KEEP_UNITS = 256
 
 
 def run_replay(scenario_path: Path, out: Path, settings: Settings, *, realtime: bool = False,
@@ -56,10 +64,8 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
     quiet_pipecat()
 
     from voice.agent.providers.scripted import ScriptedProvider
-    from voice.audio.recording import private_directory
-    from voice.audio.replay_device import ReplayDevice
-    from voice.audio.wav import write_wav
-    from voice.service.assembly import not_yet_idle, open_voice
+    from voice.audio.recording import Recorder, private_directory
+    from voice.service.assembly import open_voice
     from voice.service.scenario import load_scenario
 
     with as_usage_error(ValueError):
@@ -69,27 +75,31 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
         private_directory(out)
     except (ValueError, OSError) as exc:
         raise UsageError(f"--out: {_reason(exc)}") from None
-    device = ReplayDevice(scenario, idle=not_yet_idle, realtime=realtime)
+    device = replay_device(scenario, realtime=realtime)
+    spans = SpeechSpans(device.buffer)
     tools = [_scenario_tool([t for t in scenario.tools if t.name == name])
              for name in dict.fromkeys(t.name for t in scenario.tools)]
 
     async def main() -> tuple[dict[str, Any], ScriptedProvider | None]:
+        recorder = Recorder(directory=out, block_sizes=False)  # the mic and the speaker, to disk as they come
+        try:
+            return await replay(recorder)
+        finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
+            recorder.close()
+
+    async def replay(recorder: Recorder) -> tuple[dict[str, Any], ScriptedProvider | None]:
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover; recorded
         # results stand in for every tool: no MCP server starts. A real server's answer is network I/O:
         # the clock holds while it runs (`hold`).
         async with open_voice(settings, device, scenario=scenario, llm=scenario.llm, tools=tools,
                               stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
                               echo_required=True, models_first=True, resume=False,
-                              keep=None,  # finite: its summary reads every turn
-                              verbose=verbose, hold=clock.busy, db=out / "events.db", data_dir=out / "data",
-                              recovery=False, mcp=False, grants=out / "grants.json") as voice:
+                              keep=None, keep_units=KEEP_UNITS,  # finite: its summary reads every turn's figures
+                              recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
+                              data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
-            try:
-                await run_typing(voice.session, device, scenario.says)
-            finally:  # stopped early (Ctrl-C) too: the sound so far stays with the log so far
-                write_wav(out / "mic.wav", device.mic(), MIC_RATE)
-                write_wav(out / "played.wav", device.played(), MIC_RATE)
-            summary = _summary(voice.session, device, voice.app.store, time.perf_counter() - started)
+            await run_typing(voice.session, device, scenario.says)
+            summary = _summary(voice.session, device, spans, voice.app.store, time.perf_counter() - started)
             # The scenario's scripted replies (a server's provider, held on the clock, is not one)
             scripted = voice.app.provider if isinstance(voice.app.provider, ScriptedProvider) else None
             if scripted is not None:  # what the model was really sent, for parity checks
@@ -134,6 +144,16 @@ async def run_typing(session, device, says) -> None:
                      f"{device.position / MIC_RATE:.1f} s: type it while the scenario's sound plays")
 
 
+def replay_device(scenario, *, realtime: bool = False):
+    """The device of `voice replay`: it keeps what the summary reads (every
+    clip placed, tick lateness as counts), not the sound, which the session's
+    recorder writes to disk as it comes; so a long replay runs in flat memory."""
+    from voice.audio.replay_device import ReplayDevice
+    from voice.service.assembly import not_yet_idle
+
+    return ReplayDevice(scenario, idle=not_yet_idle, realtime=realtime, record=False, summarize=True)
+
+
 def _reason(exc: Exception) -> str:
     if isinstance(exc, OSError):
         return f"cannot create {exc.filename or 'the folder'}: {exc.strerror or exc}"
@@ -163,23 +183,32 @@ def _scenario_tool(specs):
                 destructive=first.ask_first)
 
 
-def speech_span(buffer, conversation: str, turn: int) -> tuple[int, int] | None:
-    """Device positions of the first and last played sample of a turn's
-    speech (the replay's buffer keeps every sentence it played)."""
-    spans = [buffer.span(key) for key in buffer.keys() if key[0].turn == turn and key[0].conversation == conversation]
-    spans = [s for s in spans if s is not None and s[1] > s[0]]
-    if not spans:
-        return None
-    return min(s[0] for s in spans), max(s[1] for s in spans)
+class SpeechSpans:
+    """Device positions of the first and last played sample of each turn's
+    speech, folded in as the playback buffer hands samples over (its
+    `on_handed`): one pair a turn, while the buffer forgets the sentences."""
+
+    def __init__(self, buffer) -> None:
+        self._spans: dict[tuple[str, int], tuple[int, int]] = {}
+        buffer.on_handed = self._handed
+
+    def _handed(self, key, start: int, end: int) -> None:
+        ref = key[0]  # a sentence's key: (its unit, its index)
+        turn = (ref.conversation, ref.turn)
+        known = self._spans.get(turn)
+        self._spans[turn] = (start, end) if known is None else (min(known[0], start), max(known[1], end))
+
+    def of(self, conversation: str, turn: int) -> tuple[int, int] | None:
+        return self._spans.get((conversation, turn))
 
 
-def _summary(session, device, store, wall: float) -> dict[str, Any]:
+def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[str, Any]:
     from voice.log.projections import turn_reply
 
     turns = []
     for info in session.turns:
         reply = turn_reply(store, session.conversation, info.turn)
-        span = speech_span(device.buffer, session.conversation, info.turn)
+        span = spans.of(session.conversation, info.turn)
         barge_in_s = ack_ms = measured_from = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
@@ -211,7 +240,6 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "user_end_s": info.utterance_end / MIC_RATE,
             "stt_s": round(info.stt_s, 3),
         })
-    lateness = sorted(device.tick_lateness) or [0.0]
     duration = device.position / MIC_RATE
     listen = session.parts.listen
     tracker = listen.turn_end
@@ -228,7 +256,7 @@ def _summary(session, device, store, wall: float) -> dict[str, Any]:
             "duration_s": duration,
             "wall_s": round(wall, 2),
             "speedup": round(duration / wall, 2) if wall else None,
-            "tick_lateness_ms_p99": round(lateness[int(0.99 * (len(lateness) - 1))] * 1000, 1),
+            "tick_lateness_ms_p99": device.lateness_p99_ms(),
             "clips": [{"audio": p.clip.name, "start_s": p.start / MIC_RATE, "onset_s": p.onset / MIC_RATE} for p in device.placed],
             "gave_up": device.gave_up,
         },

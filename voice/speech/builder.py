@@ -69,7 +69,8 @@ def listen_gate(settings: VoiceSettings):
 def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, settings: VoiceSettings, *,
                         conversation: str, transcript: Callable[[str], None] = lambda line: print(line, flush=True),
                         aside: Callable[[str], None] | None = None, recorder: Any = None,
-                        play_at: dict[tuple[str, int], int] | None = None, keep: int | None = 64) -> VoiceSession:
+                        play_at: dict[tuple[str, int], int] | None = None, keep: int | None = 64,
+                        keep_units: int | None = None) -> VoiceSession:
     """A session on `device`, answering in `conversation` with the app's
     provider and tools; `transcript` gets the lines a person reads, `aside`
     (with -v) what was heard and not acted on; `recorder` (a
@@ -77,7 +78,8 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     recording's sentences until where they played (VoiceSurface.play_at).
     `keep`: per-turn bookkeeping held for diagnostics, the newest turns' (None:
     all, for a finite replay's summary; a service keeps a bounded number and
-    runs in flat memory)."""
+    runs in flat memory); `keep_units`: the voice surface's units (messages)
+    held, the newest (default: four a turn kept; all with `keep` None)."""
     session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
                            echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside,
                            recorder=recorder)
@@ -88,7 +90,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
                            on_late=log.late, on_notice=lambda text: transcript(f"notice: {text}"),
                            on_sentences=log.sentences, play_at=dict(play_at or {}),
-                           keep=None if keep is None else keep * 4)
+                           keep=keep_units if keep_units is not None else None if keep is None else keep * 4)
     agent = app.agent(surface, conversation)
     conversations = ConversationPolicy(agent, app.store, settings.conversation, aside=aside)
     turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside, keep=keep,
