@@ -114,7 +114,7 @@ class MovingWindow:
                 turns = uncovered(store, conversation, anchor)
                 if turns is not None:
                     summary = await summarize(store, provider, conversation, turn, turns, budget, count)
-                    if generation != self._generation:
+                    if not self._current(generation, conversation):
                         return
                     if summary is not None:
                         anchor = self._anchor = Anchor(anchor.start, summary)
@@ -122,11 +122,16 @@ class MovingWindow:
                     return
                 window = derive_window(store, conversation, budget, count=count, anchor=anchor)
                 if await warm(store, provider, conversation, turn, request_for(window)) and \
-                        generation == self._generation:
+                        self._current(generation, conversation):
                     self._sent = anchor
             finally:
                 if self._scope is scope:
                     self._scope = None
+
+
+    def _current(self, generation: int, conversation: str) -> bool:
+        """No turn began, and the agent is in the same conversation, since idle work `generation` began."""
+        return generation == self._generation and conversation == self._conversation
 
 
 def _moved(store: EventStore, conversation: str, budget: int, count: TokenCounter, anchor: Anchor,
