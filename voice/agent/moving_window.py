@@ -51,6 +51,10 @@ class MovingWindow:
         self._sent: Anchor | None = None  # the prefix of the last request the server evaluated
         self._scope: anyio.CancelScope | None = None
         self._generation = 0  # a turn's start bumps it: idle work begun before never changes the window after
+        # The window start a summary was last asked for: asked once per move. Cancelled (a turn came first),
+        # it waits for the next move, as a retry would evict the turn's prefix from a one-slot server's
+        # cache (llama.cpp) and keep it busy evaluating a prompt no one waits for (measured, issue #26).
+        self._summary_asked: tuple[str, int] | None = None
 
     def anchor(self, store: EventStore, conversation: str) -> Anchor:
         """The anchor now; a conversation met for the first time (or after
@@ -112,7 +116,8 @@ class MovingWindow:
             try:
                 anchor = self.anchor(store, conversation)
                 turns = uncovered(store, conversation, anchor)
-                if turns is not None:
+                if turns is not None and self._summary_asked != (conversation, anchor.start):
+                    self._summary_asked = (conversation, anchor.start)
                     summary = await summarize(store, provider, conversation, turn, turns, budget, count)
                     if not self._current(generation, conversation):
                         return

@@ -14,7 +14,7 @@ a plain window of the newest turns.
 The window moves by a large step (down to about half the budget), so a
 summary is due only after about half a budget of new conversation, not at
 every turn. A failed summary request is recorded as an `assistant/attempt`
-(reason error) and tried again after the next turn.
+(reason error); a failed or cancelled one is asked again at the next move.
 """
 
 from __future__ import annotations
