@@ -60,7 +60,8 @@ Say = Callable[[str], Awaitable[None]]
 def loop_settings(llm: LlmSettings) -> LoopSettings:
     # (checked when the config loaded: reply_tokens at most half of context_tokens)
     return LoopSettings(system_prompt=llm.system_prompt, retries=llm.retries, retry_backoff_s=llm.retry_backoff_s,
-                        max_steps=llm.max_steps, context_tokens=llm.context_tokens, reply_tokens=llm.reply_tokens)
+                        max_steps=llm.max_steps, context_tokens=llm.context_tokens, reply_tokens=llm.reply_tokens,
+                        warm_cache=llm.warm_cache)
 
 
 def command_environment(tools: ToolsSettings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

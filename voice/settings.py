@@ -35,6 +35,7 @@ class LlmSettings:
     max_steps: int = 8
     context_tokens: int = 4096
     reply_tokens: int = 512
+    warm_cache: bool = True
     system_prompt: str = ""
 
 

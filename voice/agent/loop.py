@@ -38,14 +38,14 @@ from voice.agent.providers.base import (
     TextDelta,
     ToolCallDelta,
 )
-from voice.agent.summary import due as summary_due
-from voice.agent.summary import summarize, summarizes
+from voice.agent.moving_window import MovingWindow
 from voice.agent.surface import Delivered, Surface, UnitRef
 from voice.agent.tools import ToolRegistry
 from voice.agent.turn_rows import Place
 from voice.agent.turn_state import TurnResult, _own_ids, _Streaming, _truncate, _TurnState, call_id
 from voice.log import events as ev
-from voice.log.projections import derive_history, provider_messages
+from voice.log.projections import provider_messages
+from voice.log.window import Window
 from voice.log.store import EventStore
 
 # What the loop is given and what a turn holds live in their own modules
@@ -78,7 +78,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self.current_turn: int | None = None
-        self._summary_scope: anyio.CancelScope | None = None
+        self.window = MovingWindow()  # where the context window stands; summaries and warming in idle time
         self._early_count = 0
         # The turn waits for the person's answer to a question (voice.agent.approvals): their words
         # are the answer, not a barge-in, once the question has played.
@@ -90,18 +90,17 @@ class AgentLoop(RunningCalls, AskingFirst):
         """Stop the running turn: `aborted` when the person stopped it
         (barge-in, Ctrl-C), `interrupted` for a shutdown. Returns False if
         no turn runs."""
-        self.cancel_summary()
+        self.cancel_idle()
         if self._scope is None:
             return False
         self._cancel_outcome = outcome
         self._scope.cancel()
         return True
 
-    def cancel_summary(self) -> None:
-        """A summary being written after a turn gives way to the next request
-        (it is asked for again after the next turn)."""
-        if self._summary_scope is not None:
-            self._summary_scope.cancel()
+    def cancel_idle(self) -> None:
+        """Idle work (a summary, warming the server's cache) gives way to the
+        next request at once; what is still due is done after the next turn."""
+        self.window.cancel()
 
     def in_flight(self) -> BlockAssembler | None:
         """The assembler of the provider request in flight, if any (status, tests)."""
@@ -125,15 +124,16 @@ class AgentLoop(RunningCalls, AskingFirst):
         `_stream` builds it (the same window); a request that differs is
         dropped at the commit, never used. `fresh`: the turn will open a new
         conversation (the idle gap passed), so no history."""
+        self.cancel_idle()  # the early request outranks idle work too
         self._early_count += 1
         schemas = self.tools.schemas()
         said = [{"role": "user", "content": user_text}]  # the turn's own words count in its budget, as they will
-        history = None if fresh else derive_history(self.store, self.conversation,
-                                                    budget=self._history_budget(schemas),
-                                                    count=self.settings.count_tokens, pending=said)
-        messages = history.messages if history else said
-        request = ModelRequest(messages=provider_messages(messages, self.settings.system_prompt),
-                               tools=schemas, tool_results=history.tool_results if history else {})
+        if fresh:
+            request = self._request(Window(messages=said), schemas)
+        else:  # the window as the turn will have it (moved the same way, if it moves), kept by no one
+            window, _ = self.window.window(self.store, self.conversation, self._history_budget(schemas),
+                                           self.settings.count_tokens, pending=said)
+            request = self._request(window, schemas)
         return EarlyStart(user_text, request, self.provider, self._early_count)
 
     def drop_early(self, early: EarlyStart) -> None:
@@ -158,6 +158,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         # A lone surrogate (from a client's JSON) cannot be stored as UTF-8:
         # replaced here, before the turn opens, so a turn never stays open.
         user_text = user_text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        self.cancel_idle()  # a turn never waits for idle work
         turn = self.store.start_turn(self.conversation, ev.TurnStart(source="approval" if asked_again else source))
         if asked_again is None:
             message = (ev.UserMessage(content=user_text, source=source) if audio is None
@@ -183,27 +184,24 @@ class AgentLoop(RunningCalls, AskingFirst):
                 self._state = None
                 self.current_turn = None
                 over.set()
+        # (no request: where the window stands for the next turn, the same however soon it comes)
+        self.window.after_turn(self.store, self.conversation, self._history_budget(self.tools.schemas()),
+                               self.settings.count_tokens)
         return TurnResult(turn, outcome)
 
-    async def summarize_after(self, turn: int) -> None:
-        """After a turn, once its reply is out (off the turn's critical path):
-        when older turns no longer fit the window, the model summarises them
-        (voice.agent.summary). Not for the offline providers. `cancel()` or
-        `cancel_summary()` (a new request) ends it; it is asked for again
-        after the next turn."""
-        if not summarizes(self.provider):
-            return
-        budget = self._history_budget(self.tools.schemas())
-        turns = summary_due(self.store, self.conversation, budget, self.settings.count_tokens)
-        if turns is None:
-            return
-        with anyio.CancelScope() as scope:
-            self._summary_scope = scope
-            try:
-                await summarize(self.store, self.provider, self.conversation, turn, turns, budget,
-                                self.settings.count_tokens)
-            finally:
-                self._summary_scope = None
+    async def use_idle_time(self, turn: int) -> None:
+        """After `turn`, while the person is silent (voice.agent.moving_window):
+        the turns that left the window summarised, the new prefix warmed in
+        the server's cache. Never awaited by a turn: the next turn (or early
+        start) cancels it; what is still due is done after that turn."""
+        schemas = self.tools.schemas()
+        await self.window.tend(self.store, self.provider, self.conversation, turn, self._history_budget(schemas),
+                               self.settings.count_tokens, lambda window: self._request(window, schemas),
+                               self.settings.warm_cache)
+
+    def _request(self, window: Window, schemas: list[dict[str, Any]]) -> ModelRequest:
+        return ModelRequest(messages=provider_messages(window.messages, self.settings.system_prompt),
+                            tools=schemas, tool_results=window.tool_results)
 
     # -- steps -------------------------------------------------------------
 
@@ -285,10 +283,10 @@ class AgentLoop(RunningCalls, AskingFirst):
         rows.stream_start(self.store, self._at(state), self._route())
         self.surface.open(ref)
         schemas = self.tools.schemas()
-        history = derive_history(self.store, self.conversation, budget=self._history_budget(schemas, state.shrink),
-                                 count=self.settings.count_tokens)
-        request = ModelRequest(messages=provider_messages(history.messages, self.settings.system_prompt),
-                               tools=schemas, tool_results=history.tool_results)
+        window, anchor = self.window.window(self.store, self.conversation, self._history_budget(schemas, state.shrink),
+                                            self.settings.count_tokens)
+        request = self._request(window, schemas)
+        self.window.sent(anchor)
         early, state.early = state.early, None
         if early is not None and early.request == request:  # started before the commit: read from its start
             stream = early.stream()

@@ -25,6 +25,8 @@ class LoopSettings:
     context_tokens: int = 4096
     reply_tokens: int = 512
     count_tokens: TokenCounter = estimate_tokens
+    # After the window moves, send its new prefix for a one-token reply in idle time (voice.agent.side_requests).
+    warm_cache: bool = True
 
 
 @dataclass

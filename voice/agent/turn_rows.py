@@ -2,7 +2,7 @@
 "The log: every event"): its step's start and end, the stream's frames, an
 attempt kept for the record, a request's error, and the result of a call
 that never finished. The loop writes them as a turn runs, the summary for
-its own request, start-up recovery for a turn a crash left open: all three
+its own request and a cache-warming one (voice.agent.side_requests), start-up recovery for a turn a crash left open: all three
 through these functions, so each of these types is built in this module only.
 """
 
@@ -59,7 +59,7 @@ def attempt(store: EventStore, place: Place, reason: str, *, message_id: str, co
             route: ev.Route | None = UNSET, finish_reason: str | None = UNSET, stream: list[Any] | None = UNSET,
             receipts: list[str] | None = UNSET) -> None:
     """A stream kept for the record that adds nothing to history (`reason`:
-    empty | error | aborted | withheld | crashed | superseded)."""
+    empty | error | aborted | withheld | crashed | superseded | warm)."""
     record(store, place, ev.AssistantAttempt(message_id=message_id, content=content, route=route,
                                              finish_reason=finish_reason, stream=stream, reason=reason,
                                              receipts=receipts))

@@ -75,8 +75,20 @@ class Window:
     tool_results: dict[str, ev.ToolResult] = field(default_factory=dict)
     tokens: int = 0  # of `messages`, as counted
     turns: list[int] = field(default_factory=list)  # kept, oldest first
+    turn_tokens: list[int] = field(default_factory=list)  # each kept turn's cost, as `turns`
     summary: ev.ConversationSummary | None = None
     dropped: tuple[int, int] | None = None  # (first, last) turn left out, not covered by the summary
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Where a moving window stands (voice.agent.moving_window): the oldest
+    turn its requests may carry and the summary they carry before it. Turns
+    below `start` stay out even when they would fit: the request's prefix
+    stays the same until the window moves."""
+
+    start: int
+    summary: ev.ConversationSummary | None
 
 
 def summary_message(summary: ev.ConversationSummary) -> dict[str, Any]:
@@ -152,22 +164,27 @@ _READ = ev.SURFACE_TYPES | {ev.SPEECH_PLAYED}
 
 
 def derive_window(store: EventStore, conversation: str, budget: int | None = None, *, upto: int | None = None,
-                  count: TokenCounter = estimate_tokens, pending: list[dict[str, Any]] | None = None) -> Window:
+                  count: TokenCounter = estimate_tokens, pending: list[dict[str, Any]] | None = None,
+                  anchor: Anchor | None = None) -> Window:
     """The conversation's model history for a request of at most `budget`
     tokens (None: every turn after the summary). The newest turn is always
     kept, even alone over the budget: it holds the request being answered.
     `pending`: the messages of a turn not yet in the log (an early model
-    start's words), the newest turn, chosen as if it were recorded."""
-    summary = latest_summary(store, conversation, upto)
+    start's words), the newest turn, chosen as if it were recorded.
+    `anchor`: the summary and the oldest turn a moving window carries
+    (None: the latest summary and every turn after it that fits)."""
+    summary = anchor.summary if anchor is not None else latest_summary(store, conversation, upto)
     window = Window(summary=summary)
     if summary is not None:
         window.messages.append(summary_message(summary))
         window.tokens = message_tokens(window.messages[0], count)
     floor = summary.last_turn if summary is not None else 0
-    kept: list[tuple[int | None, list[dict[str, Any]], dict[str, ev.ToolResult]]] = []  # newest first
+    if anchor is not None:
+        floor = max(floor, anchor.start - 1)
+    kept: list[tuple[int | None, int, list[dict[str, Any]], dict[str, ev.ToolResult]]] = []  # newest first
     spent = window.tokens
     if pending:
-        kept.append((None, pending, {}))
+        kept.append((None, 0, pending, {}))
         spent += sum(message_tokens(m, count) for m in pending)
     before = upto + 1 if upto is not None else None
     full = False
@@ -187,12 +204,13 @@ def derive_window(store: EventStore, conversation: str, budget: int | None = Non
                 window.dropped = (_first_turn_after(store, conversation, floor), turn)
                 full = True
                 break
-            kept.append((turn, messages, results))
+            kept.append((turn, cost, messages, results))
             spent += cost
         before = batch[-1]
-    for turn, messages, results in reversed(kept):
+    for turn, cost, messages, results in reversed(kept):
         if turn is not None:
             window.turns.append(turn)
+            window.turn_tokens.append(cost)
         window.messages.extend(messages)
         window.tool_results.update(results)
     window.tokens = spent

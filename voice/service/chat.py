@@ -91,7 +91,7 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
         expire_s = idle_gap_s if idle_gap_s is not None else 900.0
         for _, asked in unanswered(agent.store, agent.conversation, expire_s=expire_s):  # a crash left them
             result = await agent.run_turn("", source="text", asked_again=asked)
-            await agent.summarize_after(result.turn)
+            tg.start_soon(agent.use_idle_time, result.turn)
         while True:
             if interactive:
                 out.write("you> ")
@@ -111,5 +111,7 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
                     await agent.surface.notice(new_reply)
                 continue
             result = await agent.run_turn(line, source="text")
-            await agent.summarize_after(result.turn)  # the reply is out: older turns summarised, if due
+            # The reply is out: while the person types, the window's idle work (a summary, warming the
+            # server's cache) runs beside the prompt; the next line's turn cancels it, never waits for it.
+            tg.start_soon(agent.use_idle_time, result.turn)
         tg.cancel_scope.cancel()

@@ -131,7 +131,7 @@ class TurnRunner:
         """Queue a request (waits while the queue is full). Raises
         anyio.ClosedResourceError once the runner is closed."""
         self.waiting += 1
-        self.agent.cancel_summary()  # a summary after the last turn never holds up a request
+        self.agent.cancel_idle()  # a summary or cache warming after the last turn never holds up a request
         try:
             await self._send.send(request)
         except BaseException:
@@ -184,7 +184,7 @@ class TurnRunner:
                     finally:
                         self._done(request)
                     if isinstance(request.outcome, TurnResult) and not self.waiting and not self._closed:
-                        await self.agent.summarize_after(request.outcome.turn)  # a request that comes cancels it
+                        await self.agent.use_idle_time(request.outcome.turn)  # a request that comes cancels it
             finally:
                 self._early_tasks = None
                 self.drop_early()

@@ -100,6 +100,7 @@ class ModelRequest:
     # a provider that acts on results (the skills provider) reads their
     # status and receipt here, never the text rendered for a model.
     tool_results: Mapping[str, ToolResult] = field(default_factory=dict)
+    max_tokens: int | None = None  # a cap on the reply (a cache-warming request asks for one token)
 
 
 @runtime_checkable

@@ -71,6 +71,8 @@ class OpenAICompatibleProvider:
         kwargs: dict[str, Any] = {"model": self.model, "messages": list(request.messages), "stream": True}
         if request.tools:
             kwargs["tools"] = list(request.tools)
+        if request.max_tokens is not None:
+            kwargs["max_tokens"] = request.max_tokens
         if self.extra_body:
             kwargs["extra_body"] = self.extra_body
         try:

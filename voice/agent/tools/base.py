@@ -93,7 +93,10 @@ class ToolRegistry:
         self._by_name[tool.name] = tool
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema() for t in self._by_name.values()]
+        """By name: every request carries them in the same order, however the
+        tools joined (an MCP server that started late), so the request's
+        prefix, and the server's cache of it, stays the same."""
+        return [self._by_name[name].schema() for name in sorted(self._by_name)]
 
     def names(self) -> list[str]:
         return list(self._by_name)

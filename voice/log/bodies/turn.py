@@ -128,7 +128,7 @@ class AssistantAttempt(_Streamed):
     """A stream kept for the record that adds nothing to history."""
 
     TYPE = "assistant/attempt"
-    reason: str = ""  # empty | error | aborted | withheld | crashed
+    reason: str = ""  # empty | error | aborted | withheld | crashed | superseded | warm
     receipts: list[str] | None = optional()  # withheld: what the writes' receipts said
 
 

@@ -1,0 +1,169 @@
+"""No turn waits for the window to move (issue #26, point 1), from the
+outside: `voice chat` as a process, typed turns paced like a person's,
+against a loopback OpenAI-compatible server that records every request.
+
+- Summaries and the cache-warming request come in idle time, after a reply
+  and before the next typed turn; a turn's own request is never preceded on
+  its path by one.
+- Consecutive turn requests share their prefix except where the window
+  moves; it moves by a large step (at most every few turns), and the server
+  was sent the moved prefix (one token asked) before the turn that uses it.
+- A turn typed while a summary request is still unanswered goes on at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopback_llm import LoopbackLLM, _chunk
+
+pytestmark = pytest.mark.timeout(180)
+
+QUIET_S = 0.5  # the server heard nothing for this long after a reply: the person's pause is over
+WAIT_S = 20.0  # the most any one expected request may take to arrive
+LINE = "chat: question {n} " + "x" * 60
+
+
+class RecordingLLM(LoopbackLLM):
+    """The loopback server, telling the kinds of request apart (a turn's, a
+    summary, a cache warming: one token asked), each with when it came; a
+    summary request can be held unanswered until `release` is set."""
+
+    def __init__(self, hold_summaries: bool = False):
+        super().__init__()
+        self.heard: list[tuple[float, str, list[dict[str, Any]], list[Any]]] = []
+        self.hold_summaries = hold_summaries
+        self.release = threading.Event()
+        self.summary_held = threading.Event()
+        self.holding = False  # a summary request is being held unanswered now
+        self._lock = threading.Lock()
+
+    def reply(self, messages: list[dict[str, Any]]) -> list[bytes]:
+        body = self.requests[-1] if self.requests else {}
+        kind = ("summary" if str(messages[0].get("content", "")).startswith("Summarise")
+                else "warm" if messages[-1]["role"] == "assistant" else "turn")
+        with self._lock:
+            self.heard.append((time.monotonic(), kind, messages, body.get("tools") or []))
+        if kind == "summary" and self.hold_summaries:
+            self.holding = True
+            self.summary_held.set()
+            self.release.wait(2 * WAIT_S)  # (longer than a turn is waited for: before the fix, the turn timed out)
+            self.holding = False
+        if kind == "warm":
+            return [_chunk({"role": "assistant", "content": "Ok"}), _chunk({}, "length")]
+        return super().reply(messages)
+
+    def of(self, kind: str) -> list[tuple[float, str, list[dict[str, Any]], list[Any]]]:
+        with self._lock:
+            return [h for h in self.heard if h[1] == kind]
+
+    def last_heard(self) -> float:
+        with self._lock:
+            return self.heard[-1][0] if self.heard else 0.0
+
+
+def wait_for(condition, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def start_chat(tmp: Path, server: RecordingLLM) -> subprocess.Popen:
+    config = tmp / "voice.toml"
+    config.write_text("[llm]\ncontext_tokens = 1024\nreply_tokens = 128\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_RUNTIME_DIR": str(tmp / "run"),
+           "XDG_CONFIG_HOME": str(tmp / "config"), "XDG_STATE_HOME": str(tmp / "state"),
+           "XDG_DATA_HOME": str(tmp / "data")}
+    return subprocess.Popen([sys.executable, "-m", "voice", "chat", "--db", str(tmp / "events.db"), "--config",
+                             str(config), "--llm", server.base_url], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env, text=True)
+
+
+def say(chat: subprocess.Popen, server: RecordingLLM, n: int) -> float:
+    """Type line n; wait for its turn's request. When it was typed."""
+    line = LINE.format(n=n)
+    typed = time.monotonic()
+    chat.stdin.write(line + "\n")
+    chat.stdin.flush()
+    wait_for(lambda: any(h[2][-1].get("content") == line for h in server.of("turn")), f"the request of turn {n}")
+    return typed
+
+
+def pause(server: RecordingLLM) -> None:
+    """The person is silent until the server has heard nothing for a while."""
+    wait_for(lambda: time.monotonic() - server.last_heard() > QUIET_S, "a quiet server")
+
+
+def finish(chat: subprocess.Popen) -> None:
+    chat.stdin.close()
+    try:
+        assert chat.wait(timeout=30) == 0, chat.stderr.read()
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+
+
+def oldest_user(messages: list[dict[str, Any]]) -> str:
+    return next(m["content"] for m in messages if m["role"] == "user")
+
+
+def test_the_window_moves_by_a_large_step_off_the_turns_path_and_warm(tmp_path):
+    turns = 30
+    with RecordingLLM() as server:
+        chat = start_chat(tmp_path, server)
+        typed = []
+        for n in range(turns):
+            typed.append(say(chat, server, n))
+            pause(server)
+        finish(chat)
+    asked = server.of("turn")
+    assert len(asked) == turns
+    # (a) Idle work comes after a reply, never between a typed line and its turn's request.
+    for n in range(1, turns):
+        between = [h for h in server.heard if typed[n] <= h[0] < asked[n][0] and h[1] != "turn"]
+        assert between == [], f"turn {n} waited for {[h[1] for h in between]}"
+    assert server.of("summary"), "the conversation went past the budget: turns that left were summarised"
+    # (b) Each request is the one before with the reply and the new words appended, except where the
+    # window moves; it moves by a large step, and the moved prefix was warmed before the turn used it.
+    moves = []
+    for n in range(1, turns):
+        before, now = asked[n - 1], asked[n]
+        assert now[3] == before[3], "the tool schemas are the same, in the same order"
+        if now[2][:len(before[2])] == before[2]:
+            continue
+        warmed = [h for h in server.of("warm") if asked[n - 1][0] < h[0] < now[0]]
+        assert warmed and warmed[-1][2] == now[2][:-1], f"turn {n}'s new prefix was not warmed before it"
+        if oldest_user(now[2]) != oldest_user(before[2]):
+            moves.append(n)
+    assert len(moves) >= 2, moves
+    gaps = [b - a for a, b in zip(moves, moves[1:])]
+    assert min(gaps) >= 4, f"the window moved at turns {moves}: one turn at a time"
+
+
+def test_a_turn_typed_while_a_summary_is_pending_does_not_wait_for_it(tmp_path):
+    with RecordingLLM(hold_summaries=True) as server:
+        chat = start_chat(tmp_path, server)
+        try:
+            n = 0
+            while not server.summary_held.is_set():
+                assert n < 40, "no summary was asked for"
+                say(chat, server, n)
+                n += 1
+                wait_for(lambda: server.summary_held.is_set() or time.monotonic() - server.last_heard() > QUIET_S,
+                         "a summary or a quiet server")
+            say(chat, server, n)  # the summary is still unanswered: the turn goes on
+            answered_while_held = server.holding
+        finally:
+            server.release.set()
+        finish(chat)
+    assert answered_while_held
