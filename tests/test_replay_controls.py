@@ -118,3 +118,31 @@ def test_a_session_muted_with_ctl_mute_is_saved_and_replays_to_the_same_turns(tm
     controls = tomllib.loads((saved / "scenario.toml").read_text())["control"]
     assert [c["command"] for c in controls] == ["mute", "unmute"]
     assert controls_of(out / "events.db") == controls_of(saved / "events.db")  # at the same mic positions
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cancel_and_new_in_a_scenario_stop_the_reply_and_start_a_conversation(tmp_path):
+    track(tmp_path / "track.wav", [("what_time.wav", 0.0), ("three_points.wav", 14.0)], 24.0)
+    long = " ".join(["The time is noon, and the sun is high over the town."] * 6)
+    (tmp_path / "scenario.toml").write_text(
+        'timing = "recorded"\n\n[[user]]\naudio = "track.wav"\nat = 0.0\n\n'
+        '[[control]]\ncommand = "cancel"\nat = 5.0\n\n'
+        '[[control]]\ncommand = "new"\nat = 10.0\n\n'
+        f'[[reply]]\nchunk_delay_ms = 20\ntext = "{long}"\n\n'
+        '[[reply]]\nchunk_delay_ms = 20\ntext = "One, two, three."\n')
+    out = tmp_path / "out"
+    done = voice(tmp_path, "replay", str(tmp_path / "scenario.toml"), "--out", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert controls_of(out / "events.db") == [("cancel", 5 * RATE), ("new", 10 * RATE)]
+    store = EventStore(out / "events.db")
+    try:
+        events = store.events()
+    finally:
+        store.close()
+    # (read from the log: summary.json reads the turns of the conversation the replay ended in)
+    assert [e.body.at for e in events if e.type == ev.SPEECH_CLEARED] == [5 * RATE]  # the reply cut then
+    assert [e.body.outcome for e in events if e.type == ev.TURN_END] == ["aborted", "completed"]
+    asked = [e for e in events if e.type == ev.USER_MESSAGE]
+    assert [e.body.reason for e in events if e.type == ev.CONVERSATION_END] == ["new"]
+    assert asked[0].conversation != asked[1].conversation  # the second request in the new conversation
