@@ -56,12 +56,14 @@ def test_the_reply_table_names_every_key_a_reply_allows():
 @pytest.mark.parametrize("key, allowed", [
     ("user", scenario_module._USER), ("tool", scenario_module._TOOL), ("echo", scenario_module._ECHO),
     ("listen", {"mode", "window_s", "echo_cancellation"}), ("say", {"text", "at"}),
-    ("play", {"message", "sentence", "at_s"}),
+    ("play", {"message", "sentence", "at_s"}), ("control", {"command", "at"}),
 ])
 def test_the_scenario_table_names_every_key_and_each_tables_keys(key, allowed):
     rows = table("Scenarios")
     assert set(rows) == scenario_module._TOP
     assert set(re.findall(r"`([a-z_]+)`", rows[key])) >= allowed
+    if key == "control":  # and every command a [[control]] may give
+        assert set(re.findall(r'`"([a-z]+)"`', rows[key])) == set(scenario_module.CONTROLS)
 
 
 def test_voice_chat_help_and_the_readme_point_to_it():

@@ -22,7 +22,9 @@ tool that was called, answering with the recorded result and receipt: a
 replay never acts on the world.
 
 Requests that were typed (`voice ctl say`) are `[[say]]` tables, typed
-again at the second their turn began; turns that began before the ring
+again at the second their turn began; each `voice ctl mute`, `unmute`,
+`cancel` and `new` (its `listen/control` row) a `[[control]]` at the mic
+position it came, so a request spoken while muted is not heard again; turns that began before the ring
 did (an utterance, or typing, before its start) are left out.
 """
 
@@ -73,8 +75,9 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, config:
     ordinal = {turn: n for n, turn in enumerate(turns, 1)}  # a replay numbers its turns from 1
     replies, tools = _replies(events, ordinal, mic_start / MIC_RATE), _tools(events, kept)
     plays = _plays(events, ordinal, mic_start / MIC_RATE)
+    controls = _controls(events, mic_start)
     _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
-                                                       [(text, at_s) for _, text, at_s in typed],
+                                                       [(text, at_s) for _, text, at_s in typed], controls,
                                                        blocks=(directory / BLOCKS).is_file()))
     _write(directory / "config.toml", config_toml(config))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": turns,
@@ -129,6 +132,15 @@ def _typed_turns(events: list[Event], track_start_s: float) -> list[tuple[int, s
         elif e.type == ev.USER_MESSAGE and e.turn is not None and e.body.source == "text" and clocks:
             out.append((e.turn, e.body.content, round(_on_track(clocks[-1], e.at_mono, track_start_s), 3)))
     return out
+
+
+def _controls(events: list[Event], mic_start: int) -> list[tuple[str, float]]:
+    """(command, second on the track) of each control (`listen/control`) in
+    the recording; muted when it began: a mute at 0 (the others before it are done)."""
+    rows = [e.body for e in events if e.type == ev.LISTEN_CONTROL]
+    muted = [c.command for c in rows if c.position < mic_start and c.command in ("mute", "unmute")]
+    first = [("mute", 0.0)] if muted and muted[-1] == "mute" else []
+    return first + [(c.command, round((c.position - mic_start) / MIC_RATE, 4)) for c in rows if c.position >= mic_start]
 
 
 def _on_track(anchor: Event, at_mono: float, track_start_s: float) -> float:
@@ -284,7 +296,7 @@ def _value(v: Any) -> str:
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
                    plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any],
-                   says: list[tuple[str, float]], *, blocks: bool) -> str:
+                   says: list[tuple[str, float]], controls: list[tuple[str, float]], *, blocks: bool) -> str:
     settings = Settings.of(config)  # (a test may save with a checked config dict)
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
@@ -320,6 +332,10 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         lines += ["", "# What was typed (voice ctl say), when its turn began: the replay types it then."]
     for text, at_s in says:
         lines += ["[[say]]", f"text = {_value(text)}", f"at = {_value(at_s)}"]
+    if controls:
+        lines += ["", "# voice ctl mute / unmute / cancel / new, where the mic had got to: the replay gives each there."]
+    for command, at_s in controls:
+        lines += ["[[control]]", f"command = {_value(command)}", f"at = {_value(at_s)}"]
     for tool in tools:
         lines += ["", "[[tool]]"] + [f"{k} = {_value(v)}" for k, v in tool.items()]
     if plays:

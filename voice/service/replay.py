@@ -98,7 +98,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                               recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
                               data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
-            await run_typing(voice.session, device, scenario.says)
+            await run_typing(voice.session, device, scenario.says, scenario.controls)
             summary = _summary(voice.session, device, spans, voice.app.store, time.perf_counter() - started)
             # The scenario's scripted replies (a server's provider, held on the clock, is not one)
             scripted = voice.app.provider if isinstance(voice.app.provider, ScriptedProvider) else None
@@ -117,10 +117,12 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
     return summary
 
 
-async def run_typing(session, device, says) -> None:
+async def run_typing(session, device, says, controls=()) -> None:
     """The session, with each [[say]] typed at its second on the device's
     clock, as `voice ctl say` types it: into the same queue as the spoken
-    turns, answered by voice."""
+    turns, answered by voice; and each [[control]] given through the same
+    session calls the control socket makes, once the listener has heard the
+    mic up to its second (a mute there mutes the blocks after it, as live)."""
     import anyio
 
     typed = []  # the [[say]] tables typed so far
@@ -134,14 +136,46 @@ async def run_typing(session, device, says) -> None:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise Failed(f"the replay ended before the typed turn at {say.at_s:g} s ({say.text!r}) ran") from None
 
+    async def give(controls) -> None:  # one task, in order: a mute and its unmute never swap
+        listen = session.parts.listen
+        for control in controls:
+            position = round(control.at_s * MIC_RATE)
+            while (ahead := position - listen.position) > 0:
+                # In steps shorter than a block near it: the clock stands still while the
+                # listener works, so this wakes after the block that reaches it, before the next.
+                await anyio.sleep(max(CONTROL_STEP_S, ahead / MIC_RATE - 0.1))
+            typed.append(control)
+            try:
+                await _control(session, control.command)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise Failed(f"the replay ended before the [[control]] at {control.at_s:g} s "
+                             f"({control.command}) was given") from None
+
     async with anyio.create_task_group() as tg:
         for say in says:
             tg.start_soon(type_at, say)
+        tg.start_soon(give, controls)
         await session.run()
         tg.cancel_scope.cancel()
     if late := [say for say in says if say not in typed]:
         raise Failed(f"[[say]] at {late[0].at_s:g} s ({late[0].text!r}) comes after the replay ended at "
                      f"{device.position / MIC_RATE:.1f} s: type it while the scenario's sound plays")
+    if late := [control for control in controls if control not in typed]:
+        raise Failed(f"[[control]] at {late[0].at_s:g} s ({late[0].command}) comes after the replay ended at "
+                     f"{device.position / MIC_RATE:.1f} s: give it while the scenario's sound plays")
+
+
+CONTROL_STEP_S = 0.001  # shorter than any mic block (10 ms and up)
+
+
+async def _control(session, command: str) -> None:
+    """`voice ctl COMMAND` of a [[control]], as the control server calls it."""
+    if command in ("mute", "unmute"):
+        session.mute(command == "mute")
+    elif command == "cancel":
+        await session.cancel()
+    else:
+        await session.new_conversation()
 
 
 def replay_device(scenario, *, realtime: bool = False):

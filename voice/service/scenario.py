@@ -46,7 +46,10 @@ turns the canceller off for a scenario (to show what it prevents).
 
 A `[[say]]` (text, at = seconds on the scenario clock) is a typed turn,
 as `voice ctl say TEXT` gives one: `voice replay` types it then (within
-the scenario's sound; a recorded session's track covers its own).
+the scenario's sound; a recorded session's track covers its own). A
+`[[control]]` (command = "mute", "unmute", "cancel" or "new", at) is that
+`voice ctl` command, given when the listener has heard the mic up to `at`:
+a muted stretch is not heard, as in the session that recorded it.
 
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
@@ -68,11 +71,12 @@ from voice.speech.stt import STT_MODELS
 from voice.toml_file import read_toml
 
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
-        "mic_blocks", "say"}
+        "mic_blocks", "say", "control"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase", "ask_first"}
 _USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
 _WHEN = ("at", "barge_in_after", "after_reply", "after_idle")
+CONTROLS = ("mute", "unmute", "cancel", "new")  # the `voice ctl` commands that change what is heard or done
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,13 @@ class TypedTurn:
 
 
 @dataclass(frozen=True)
+class Control:
+    """A `[[control]]`: `voice ctl COMMAND` given at a second of the scenario's clock."""
+    command: str
+    at_s: float
+
+
+@dataclass(frozen=True)
 class Scenario:
     path: Path
     users: tuple[UserClip, ...]
@@ -111,6 +122,7 @@ class Scenario:
     timing: str = "measured"  # "recorded": inference takes no time on the clock (a recorded session)
     blocks: tuple[int, ...] = ()  # mic block sizes (samples), in order; past them, 20 ms blocks
     says: tuple[TypedTurn, ...] = ()  # typed turns, by time
+    controls: tuple[Control, ...] = ()  # mute, unmute, cancel, new, by time
 
     def play_at(self, rate: int) -> dict[tuple[str, int], int]:
         """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
@@ -153,7 +165,7 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
-    for table in ("user", "tool", "reply", "play", "say"):
+    for table in ("user", "tool", "reply", "play", "say", "control"):
         if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
             raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
@@ -224,7 +236,8 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(path, tuple(users), replies, llm, _number(path, "tail", data.get("tail", 1.5), 0.0, DAY_S),
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
                     tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
-                    tuple(plays), timing, _blocks(path, mic_blocks), _says(path, data.get("say", [])))
+                    tuple(plays), timing, _blocks(path, mic_blocks), _says(path, data.get("say", [])),
+                    _controls(path, data.get("control", [])))
 
 
 def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:
@@ -237,6 +250,16 @@ def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:
             raise ValueError(f"scenario {path}: [[say]] {n} text is empty: type the words the person typed")
         says.append(TypedTurn(text, _number(path, f"[[say]] {n} at", t["at"], 0.0, DAY_S)))
     return tuple(sorted(says, key=lambda t: t.at_s))
+
+
+def _controls(path: Path, raw: list[dict]) -> tuple[Control, ...]:
+    controls = []
+    for n, c in enumerate(raw, 1):
+        if set(c) != {"command", "at"} or c["command"] not in CONTROLS:
+            raise ValueError(f"scenario {path}: [[control]] {n} needs exactly command = one of "
+                             f"{', '.join(json.dumps(k) for k in CONTROLS)} and at = SECONDS")
+        controls.append(Control(c["command"], _number(path, f"[[control]] {n} at", c["at"], 0.0, DAY_S)))
+    return tuple(sorted(controls, key=lambda c: c.at_s))  # (a stable sort: those at one second keep their order)
 
 
 def _plays(path: Path, raw: list[dict], replies: tuple[ScriptedReply, ...]) -> list[tuple[str, int, float]]:

@@ -271,9 +271,11 @@ class VoiceSession:
 
     async def cancel(self) -> bool:
         """The barge-in protocol without the speech."""
+        self.parts.log.control("cancel")  # each control, where the mic is: a saved session replays it there
         return await self.parts.barge_in.interrupt()
 
     def mute(self, muted: bool) -> bool:
+        self.parts.log.control("mute" if muted else "unmute")
         self.parts.listen.muted = muted
         return muted
 
@@ -282,6 +284,7 @@ class VoiceSession:
 
     async def new_conversation(self) -> str:
         """`voice ctl new`: the conversation ends (after a running turn); returns the next one's id."""
+        self.parts.log.control("new")
         return await self.parts.turns.new_conversation(self.parts.listen.position)
 
     async def ask_again(self, asked: ev.ApprovalRequested) -> None:

@@ -10,6 +10,8 @@ through this one observer, so the session and its processors write none.
   writer;
 - `clock()`: `audio/clock`, the device's sample positions, so that log
   times and recordings share one clock (at the start and before each turn);
+- `control(command)`: `listen/control`, a `voice ctl mute|unmute|cancel|new`
+  at the mic position it came (a saved session replays it there);
 - `user_stop(...)`: `user/stop`, the person's stop, in its place in the
   turn order (from the turn runner).
 
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.agent.surface import UnitRef
-from voice.log.events import AudioClock, Body, SpeechSentence, UserStop
+from voice.log.events import AudioClock, Body, ListenControl, SpeechSentence, UserStop
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -63,6 +65,11 @@ class SpeechLog:
         self.store.record(self._conversation(), AudioClock(
             mic=self._mic_position(), speaker=buffer.position, speaker_rate=buffer.rate,
             output_latency=self.device.output_latency()), turn=None)
+
+    def control(self, command: str) -> None:
+        """listen/control: a control of the session, where the mic has got to."""
+        self.store.record(self._conversation(), ListenControl(command=command, position=self._mic_position()),
+                          turn=None)
 
     def user_stop(self, text: str, source: str, intent: str, stopped_turn: int | None) -> None:
         """The person's stop: a record of what they said, in no turn of its

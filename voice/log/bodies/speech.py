@@ -110,6 +110,17 @@ class ListenWake(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ListenControl(Body):
+    """A control that changes what the assistant hears or does (`voice ctl
+    mute|unmute|cancel|new`), at the mic position it came: a saved session
+    replays it there (voice.service.recording)."""
+
+    TYPE = "listen/control"
+    command: str  # mute | unmute | cancel | new
+    position: int  # mic position
+
+
+@dataclass(frozen=True, kw_only=True)
 class LateOutput(Body):
     """Output of a stopped or superseded unit that arrived late and was dropped."""
 
