@@ -89,12 +89,17 @@ def test_speaking_leaves_no_memory_behind():
 
 
 def run_device(scenario, *, record: bool) -> ReplayDevice:
-    """A replay device played to its scenario's end on a virtual clock, with
-    an idle assistant and nothing listening to its mic."""
+    """A replay device played to its scenario's end (play_to_end)."""
+    return play_to_end(ReplayDevice(scenario, idle=lambda: True, record=record))
+
+
+def play_to_end(device: ReplayDevice) -> ReplayDevice:
+    """`device` played to its scenario's end on a virtual clock, with an idle
+    assistant and nothing listening to its mic."""
     async def on_mic(block: bytes, reference: bytes) -> None:
         return None
 
-    device = ReplayDevice(scenario, idle=lambda: True, record=record)
+    device.idle = lambda: True
     clock = VirtualClock()
     clock.install()
     try:

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from killpoint import killpoints_fixture
+from test_flat_memory import play_to_end
 from voice.agent.surface import UnitRef
-from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.playback import PlaybackBuffer
 from voice.audio.replay_device import KEEP_TICKS, ReplayDevice, UserClip
 from voice.audio.wav import read_mono16k
@@ -55,20 +55,6 @@ def test_a_killed_replay_leaves_readable_sound_up_to_where_it_was(tmp_path, kill
             assert w.getnframes() * 2 + 44 == (out / name).stat().st_size
 
 
-def run_device(device: ReplayDevice) -> ReplayDevice:
-    async def on_mic(block: bytes, reference: bytes) -> None:
-        return None
-
-    device.idle = lambda: True
-    clock = VirtualClock()
-    clock.install()
-    try:
-        run_on_virtual_clock(device.run(on_mic), clock)
-    finally:
-        clock.uninstall()
-    return device
-
-
 def long_scenario(clips: int) -> SimpleNamespace:
     """`clips` half-second clips, one after another, over twice KEEP_TICKS ticks."""
     loud = (np.sin(np.arange(8000) / 5) * 8000).astype(np.int16)
@@ -79,7 +65,7 @@ def long_scenario(clips: int) -> SimpleNamespace:
 
 def test_the_replays_device_keeps_no_sound_and_no_figure_per_tick():
     scenario = long_scenario(2 * KEEP_TICKS // 45)  # 0.9 s a clip: 120 s in all
-    device = run_device(replay_device(scenario))
+    device = play_to_end(replay_device(scenario))
     assert device.position > 2 * KEEP_TICKS * 320
     retained = sum(len(b) for b in device.mic_blocks) + sum(len(b) for b in device.played_blocks)
     assert retained == 0, f"the replay's device holds {retained} samples of sound"
@@ -88,7 +74,7 @@ def test_the_replays_device_keeps_no_sound_and_no_figure_per_tick():
     # counted, and the lateness figure a full list of them gives (the same device's: lateness is real time)
     assert [p.clip.name for p in device.placed] == [c.name for c in scenario.users]
     assert device.position // 320 - 1 <= sum(device.lateness_counts.values()) <= device.position // 320  # (not the last)
-    recorded = run_device(ReplayDevice(scenario, idle=lambda: True, record=True))
+    recorded = play_to_end(ReplayDevice(scenario, idle=lambda: True, record=True))
     assert [(p.start, p.onset) for p in device.placed] == [(p.start, p.onset) for p in recorded.placed]
     full = sorted(recorded.tick_lateness)
     assert recorded.lateness_p99_ms() == round(full[int(0.99 * (len(full) - 1))] * 1000, 1)
