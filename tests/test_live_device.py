@@ -41,8 +41,10 @@ class FakeSD:
         blocks: int = 40,
         out_latency: float = 0.05,
         query_error: Exception | None = None,
+        mic=None,
     ):
         self.in_rate, self.out_rate = in_rate, out_rate
+        self.mic = mic or mic_block  # (block index, frames) -> that block's mic samples
         self.blocks = blocks
         self.out_latency = out_latency
         self.query_error = query_error
@@ -137,7 +139,7 @@ class FakeStream:
                     break
                 t = i * frames / self.samplerate  # the fake clock
                 info = FakeTime(t, t + 0.05, t)
-                indata = mic_block(i, frames).astype(np.int16).reshape(frames, 1)
+                indata = self.sd.mic(i, frames).astype(np.int16).reshape(frames, 1)
                 outdata = np.full((frames, 1), -12345, dtype=np.int16)  # garbage, as a real device gives
                 if self.kind == "duplex":
                     self.callback(indata, outdata, frames, info, None)
@@ -404,3 +406,55 @@ async def test_cancelling_run_stops_and_closes_streams_while_they_still_run(fake
     assert stream.finished.wait(5)
     assert stream.calls == 3
     assert not stream.errors
+
+
+# -- silence held while the service waits (voice.audio.silence_hold) ---------------------
+
+
+def quiet_but_one(loud: set[int]):
+    """Digital silence, except the blocks in `loud`."""
+    return lambda i, frames: mic_block(i, frames) if i in loud else np.zeros(frames, np.int32)
+
+
+@pytest.mark.anyio
+async def test_silence_is_handed_on_held_and_whole_and_sound_at_once_on_its_own(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=200, mic=quiet_but_one({150}))
+    dev = LiveDevice(hold_silence_s=0.25, hold_floor_dbfs=-66.0, hold_after_quiet_s=2.0)  # 20 ms blocks
+    mic: list[bytes] = []
+    refs: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+        refs.append(reference)
+
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and sum(map(len, mic)) == 200 * 640)
+    [stream] = sd.streams
+    got = np.frombuffer(b"".join(mic), np.int16)
+    np.testing.assert_array_equal(got, np.concatenate(stream.inputs))  # every sample, in order
+    assert sum(map(len, refs)) == sum(map(len, mic))  # the echo reference is whole too
+    sizes = [len(b) // 2 for b in mic]
+    # The first 2 s (100 blocks) of silence one by one, then held: blocks of at most 0.25 s (+ one).
+    assert sizes[:100] == [320] * 100
+    loud_at = sizes.index(320, 100)
+    assert loud_at > 101 and all(320 < n <= 4000 + 320 for n in sizes[100:loud_at])
+    # The loud block comes alone, right after the silence held before it, and is not diluted by it.
+    assert sum(sizes[:loud_at]) == 150 * 320 and mic[loud_at] == mic_block(150, 320).astype(np.int16).tobytes()
+    # After sound, 2 s of silence one by one again before holding starts.
+    assert sizes[loud_at + 1:] == [320] * (200 - 151)
+
+
+@pytest.mark.anyio
+async def test_nothing_is_held_while_the_speaker_plays_or_for_2_s_after(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=260, mic=quiet_but_one(set()))
+    dev = LiveDevice(hold_silence_s=0.25, hold_floor_dbfs=-66.0, hold_after_quiet_s=2.0)
+    dev.buffer.enqueue(0, np.full(120 * 320, 3000, np.int16))  # plays for the first 120 blocks (2.4 s)
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+
+    # (the last blocks may still be held when the stream stops: at most 0.25 s of silence, never handed on)
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and sum(map(len, mic)) >= (260 * 320 - 4320) * 2)
+    sizes = [len(b) // 2 for b in mic]
+    assert sizes[:220] == [320] * 220  # the reply's 120 blocks, then 2 s of the speaker's silence
+    assert min(sizes[220:-1]) > 320

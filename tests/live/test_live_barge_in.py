@@ -39,7 +39,7 @@ from voice.log import events as ev
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
 
-from .audio_server import AudioServer, AudioServerError, ensure_packages
+from .audio_server import AudioServer
 from .conversation import AUDIO, FIRST, RATE, ROOT, SECOND, converse, first_loud
 
 ACK_MAX_MS = 1000  # speech onset in the mic feed -> the last reply sample on the speaker (measured ~270 ms)
@@ -47,18 +47,6 @@ STOP_SLACK_S = 0.25  # the log's stop -> the last reply sample: the device buffe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-
-@pytest.fixture(scope="module")
-def audio():
-    reason = ensure_packages()
-    if reason is not None:
-        pytest.skip(f"live audio: {reason}")
-    try:
-        server = AudioServer().start()
-    except (AudioServerError, OSError) as exc:
-        pytest.skip(f"live audio: cannot start a private PipeWire ({exc})")
-    yield server
-    server.stop()
 
 
 def test_barge_in_on_the_live_path(audio: AudioServer, tmp_path):

@@ -28,6 +28,7 @@ import soxr
 
 from voice.audio.device import MIC_RATE, OnMic
 from voice.audio.playback import PlaybackBuffer
+from voice.audio.silence_hold import SilenceHold
 
 
 class AudioUnavailable(RuntimeError):
@@ -39,6 +40,11 @@ class LiveDevice:
     input_device: int | str | None = None
     output_device: int | str | None = None
     block_ms: int = 20
+    # Silent mic blocks may wait up to this long to be handed on together while the
+    # service waits (voice.audio.silence_hold); 0: every block at once.
+    hold_silence_s: float = 0.0
+    hold_floor_dbfs: float = -66.0  # under the listener's sound floor, with a margin
+    hold_after_quiet_s: float = 2.0
     buffer: PlaybackBuffer = field(init=False)
     dropped_blocks: int = 0
     _latency_s: float = 0.0  # the stream's reported output latency: the fallback
@@ -82,9 +88,12 @@ class LiveDevice:
         import sounddevice as sd
 
         loop = asyncio.get_running_loop()
-        send, receive = anyio.create_memory_object_stream[np.ndarray](64)
+        send, receive = anyio.create_memory_object_stream[list[np.ndarray]](64)
+        hold = (SilenceHold(self._in_rate, self._out_rate, floor_dbfs=self.hold_floor_dbfs,
+                            quiet_s=self.hold_after_quiet_s, max_s=self.hold_silence_s)
+                if self.hold_silence_s > 0 else None)
 
-        def put(block: np.ndarray) -> None:
+        def put(block: list[np.ndarray]) -> None:
             try:
                 send.send_nowait(block)
             except anyio.WouldBlock:
@@ -101,9 +110,14 @@ class LiveDevice:
             self._last_block = (time.monotonic(), delay, frames) if 0 < delay < 1 else None
             outdata[:, 0] = self.buffer.pull(frames)
             played.append(outdata[:, 0].copy())
+            if hold is not None:
+                hold.played(played[-1])
 
         def on_input(indata, frames, time_info, status) -> None:
-            loop.call_soon_threadsafe(put, indata[:, 0].copy())
+            block = indata[:, 0].copy()
+            blocks = hold.take(block) if hold is not None else [block]
+            if blocks:  # (none: held, silence while the service waits)
+                loop.call_soon_threadsafe(put, blocks)
 
         def on_duplex(indata, outdata, frames, time_info, status) -> None:
             on_output(outdata, frames, time_info, status)
@@ -125,13 +139,18 @@ class LiveDevice:
                     "with [audio] input/output in the config") from None
             self._latency_s = float(latency())
             async with receive:
-                async for block in receive:
-                    if resampler is not None:
-                        block = resampler.resample_chunk(block)
-                    reference = np.concatenate([played.popleft() for _ in range(len(played))] or [np.zeros(0, np.int16)])
-                    if ref_resampler is not None:
-                        reference = ref_resampler.resample_chunk(reference)
-                    await on_mic(block.tobytes(), reference.tobytes())
+                async for blocks in receive:
+                    # Held silence first, then the block just captured; what played meanwhile
+                    # goes with the last (the held blocks were captured while the speaker was silent).
+                    for i, block in enumerate(blocks):
+                        if resampler is not None:
+                            block = resampler.resample_chunk(block)
+                        reference = np.zeros(0, np.int16)
+                        if i == len(blocks) - 1:
+                            reference = np.concatenate([played.popleft() for _ in range(len(played))] or [reference])
+                            if ref_resampler is not None:
+                                reference = ref_resampler.resample_chunk(reference)
+                        await on_mic(block.tobytes(), reference.tobytes())
         finally:
             for s in streams:
                 s.stop()

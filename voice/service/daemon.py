@@ -32,6 +32,9 @@ from voice.agent.approvals import unanswered
 from voice.errors import Failed, UsageError, as_usage_error
 from voice.service.notify import notify, watchdog, watchdog_interval
 from voice.settings import Settings
+from voice.speech.vad_gate import LEVEL_FLOOR_DBFS
+
+HOLD_SILENCE_S = 0.25  # the most a silent mic block waits while the service waits (4 loop wake-ups a second)
 
 
 def _open_device(settings: Settings, replay: Path | None):
@@ -48,8 +51,10 @@ def _open_device(settings: Settings, replay: Path | None):
             scenario = load_scenario(replay)
         return ReplayDevice(scenario, idle=not_yet_idle, realtime=True, hold=True), scenario
     with as_usage_error(AudioUnavailable):
-        # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms (benchmarks/RESULTS.md)
-        return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=32), None
+        # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms; silence held
+        # back up to 0.25 s while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
+        return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=32,
+                          hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=LEVEL_FLOOR_DBFS - 6), None
 
 
 def _recorder(ring_s: float, record: Path | None):
