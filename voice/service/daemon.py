@@ -32,7 +32,6 @@ from voice.agent.approvals import unanswered
 from voice.errors import Failed, UsageError, as_usage_error
 from voice.service.notify import notify, watchdog, watchdog_interval
 from voice.settings import Settings
-from voice.speech.vad_gate import LEVEL_FLOOR_DBFS
 
 HOLD_SILENCE_S = 0.25  # the most a silent mic block waits while the service waits (4 loop wake-ups a second)
 
@@ -50,6 +49,8 @@ def _open_device(settings: Settings, replay: Path | None):
         with as_usage_error(ValueError):
             scenario = load_scenario(replay)
         return ReplayDevice(scenario, idle=not_yet_idle, realtime=True, hold=True), scenario
+    from voice.speech.vad_gate import LEVEL_FLOOR_DBFS  # here: importing speech loads pipecat, which prints a banner
+
     with as_usage_error(AudioUnavailable):
         # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms; silence held
         # back up to 0.25 s while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
