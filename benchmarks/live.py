@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from live.audio_server import AudioServer, ensure_packages  # noqa: E402
-from live.conversation import LiveDaemon, converse, cpu_seconds  # noqa: E402
+from live.conversation import LiveDaemon, converse, cpu_seconds, thread_cpu_seconds  # noqa: E402
 
 
 def log(*a) -> None:
@@ -170,24 +170,10 @@ def idle_cpu(server: AudioServer, work: Path, window: float, mode: str = "open")
     finally:
         daemon.stop()
     # Where it goes, per thread (Python does not name its threads for the OS): "main" is the event loop's.
-    threads = {("main" if tid == daemon.proc.pid else f"{name}-{tid}"): (seconds - th0.get(tid, (name, 0.0))[1])
-               / (t1 - t0) * 100 for tid, (name, seconds) in th1.items()}
+    threads = {("main" if tid == daemon.proc.pid else f"thread-{tid}"): (seconds - th0.get(tid, 0.0)) / (t1 - t0) * 100
+               for tid, seconds in th1.items()}
     return {"idle_cpu_pct": (c1 - c0) / (t1 - t0) * 100, "idle_window_s": t1 - t0, "load_avg_1min": load,
             "threads_pct": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.05}}
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
-    """utime + stime of each thread of a process, by thread id, with its name."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[int, tuple[str, float]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
-    return out
 
 
 def main() -> int:

@@ -223,5 +223,20 @@ def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_seconds(Path(f"/proc/{pid}"))
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """utime + stime of each thread of a process, by thread id."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = _stat_cpu_seconds(task)
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+def _stat_cpu_seconds(proc_dir: Path) -> float:
+    fields = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
