@@ -24,10 +24,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 STT_MODELS = ("base", "tiny.en")
 # Whisper makes words of a hum, a breath or a cough ("mm hmm" -> "and then",
 # a cough -> "but") with low confidence: on the fixtures an average
-# log-probability of -0.92 to -1.33, where every real utterance scored above
-# -0.86 (base and tiny.en, whole and cut as the VAD cuts). Below -1.0 words are
-# doubtful; below -0.9 too when Whisper also thinks it likely there was no
-# speech (no-speech probability over 0.4; real utterances: at most 0.38).
+# log-probability of -0.92 to -1.49, where requests of two words or more scored
+# above -0.93 (base and tiny.en, whole and cut as the VAD cuts, on four of MKL's and
+# CTranslate2's numeric paths). Below -1.0 words are doubtful; below -0.9 too
+# when Whisper also thinks it likely there was no speech (no-speech
+# probability over 0.4; real requests: at most 0.38). One word is the
+# exception no threshold fixes: a bare "Stop" scored -0.5 to -1.9 by numeric
+# path, tiny.en's "What?" -1.15. So the barge-in rule never judges a stop
+# phrase by its confidence (voice.speech.barge_in).
 DOUBTFUL_LOGPROB, UNSURE_LOGPROB, DOUBTFUL_NO_SPEECH = -1.0, -0.9, 0.4
 
 
