@@ -140,9 +140,13 @@ def test_cancel_and_new_in_a_scenario_stop_the_reply_and_start_a_conversation(tm
         events = store.events()
     finally:
         store.close()
-    # (read from the log: summary.json reads the turns of the conversation the replay ended in)
     assert [e.body.at for e in events if e.type == ev.SPEECH_CLEARED] == [5 * RATE]  # the reply cut then
     assert [e.body.outcome for e in events if e.type == ev.TURN_END] == ["aborted", "completed"]
     asked = [e for e in events if e.type == ev.USER_MESSAGE]
     assert [e.body.reason for e in events if e.type == ev.CONVERSATION_END] == ["new"]
     assert asked[0].conversation != asked[1].conversation  # the second request in the new conversation
+    # summary.json tells both turns, each of its own conversation (before: only the last conversation's)
+    summary = json.loads((out / "summary.json").read_text())["turns"]
+    assert [(t["conversation"], t["user_text"], t["status"]) for t in summary] == [
+        (asked[0].conversation, asked[0].body.content, "aborted"), (asked[1].conversation, asked[1].body.content, "completed")]
+    assert summary[0]["speech_start_s"] is not None  # its reply had begun when the cancel cut it

@@ -241,8 +241,8 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
 
     turns = []
     for info in session.turns:
-        reply = turn_reply(store, session.conversation, info.turn)
-        span = spans.of(session.conversation, info.turn)
+        reply = turn_reply(store, info.conversation, info.turn)
+        span = spans.of(info.conversation, info.turn)
         barge_in_s = ack_ms = measured_from = None
         if info.clear_position is not None:
             clips = [p for p in device.placed if p.onset <= info.clear_position]
@@ -258,6 +258,7 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
                 ack_ms = round((info.clear_position - onset) / MIC_RATE * 1000, 1)
                 measured_from = "clip"
         turns.append({
+            "conversation": info.conversation,
             "turn": info.turn,
             "user_text": reply.user_text,
             "generated_text": reply.generated_text,

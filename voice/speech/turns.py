@@ -88,6 +88,7 @@ class TurnInfo:
     utterance lay on the mic clock, and when a barge-in stopped it."""
 
     turn: int
+    conversation: str  # the one the turn ran in (a `new` between turns starts another)
     user_text: str
     utterance_start: int  # mic samples
     utterance_end: int
@@ -261,7 +262,7 @@ class TurnRunner:
             if asked and self.rules.new_reply and self.notice is not None:
                 await self.notice(self.rules.new_reply)
             return
-        info = TurnInfo(-1, request.text, request.start, request.end, request.stt_s, anyio.current_time())
+        info = TurnInfo(-1, self.conversation, request.text, request.start, request.end, request.stt_s, anyio.current_time())
         self.turns.append(info)
         self._running = info
         before = self.store.last_seq()
