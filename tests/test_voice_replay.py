@@ -335,6 +335,47 @@ def test_a_real_barge_in_still_cuts_through_the_echo(replays):
     assert nxt["status"] == ev.COMPLETED
 
 
+def test_a_pause_that_outlives_its_turn_ends_before_the_turns_end(replays):
+    """A cough pauses the reply and `voice ctl cancel` ends the turn while the
+    pause still decides: the pause ends with the turn, before its turn/end
+    (before: speech/resumed came 1 s after the turn had ended), and the
+    cough's words, which have no reply left to cut, are no request."""
+    out = replays("pause_outlives_turn")
+    events = turn_events(out, 1)
+    types = [e.type for e in events]
+    assert types[-1] == ev.TURN_END and events[-1].payload["outcome"] == ev.ABORTED
+    paused = [e for e in events if e.type == ev.SPEECH_PAUSED]
+    resumed = [e for e in events if e.type == ev.SPEECH_RESUMED]
+    assert len(paused) == 1 and [e.payload["reason"] for e in resumed] == ["the turn ended"]
+    assert resumed[0].payload["onset"] == paused[0].payload["onset"]
+    assert summary(out)["turns"] == [summary(out)["turns"][0]]  # the cough asked for nothing
+    assert "over a reply that has since ended" in (out / "stdout.txt").read_text()
+
+
+def test_an_early_start_the_person_talks_past_is_dropped_and_takes_its_reply(replays):
+    """"What time is it?", a pause shorter than a turn's end, then more: the
+    request started early on the first words is dropped (its words never
+    spoken nor in the history), the one on the whole utterance answers, and
+    the dropped one took the first scripted reply, as docs/SCENARIOS.md says."""
+    out = replays("early_start_dropped")
+    s = summary(out)
+    assert s["turn_end"]["early_starts"] == 2 and s["turn_end"]["early_used"] == 1
+    (turn,) = s["turns"]
+    assert turn["user_text"] == "What time is it? Tell me about London."
+    assert turn["delivered_text"] == "London is a big old city on the Thames." and turn["status"] == ev.COMPLETED
+    requests = json.loads((out / "requests.json").read_text())
+    assert [r[-1]["content"] for r in requests] == ["What time is it?", turn["user_text"]]
+    store = EventStore(out / "events.db")
+    try:
+        (dropped,) = store.events(types={ev.ASSISTANT_ATTEMPT})
+        history = derive_messages(store, store.events(types={ev.USER_MESSAGE})[0].conversation)
+    finally:
+        store.close()
+    assert dropped.turn is None and dropped.payload["message_id"].startswith("early_")  # logged, outside any turn
+    assert not any("noon" in str(m.get("content")) for m in history)
+    assert "noon" not in " ".join(heard_words(read_mono16k(out / "played.wav")))  # never a sample of it played
+
+
 def test_backchannel_and_cough_pause_then_resume_without_losing_a_word(replays):
     out = replays("backchannel")
     (turn,) = summary(out)["turns"]  # neither sound became a turn

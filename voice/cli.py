@@ -172,7 +172,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}/mic.wav, played.wav, {wrote} "
           f"({summary['device']['duration_s']:.1f} s of audio in {summary['device']['wall_s']:.1f} s)")
     for t in summary["turns"]:
-        if t["status"] == "aborted":
+        if t["status"] == "aborted" and t["ack_ms"] is None:  # stopped by no barge-in (`ctl cancel`, `new`)
+            print(f"turn {t['turn']}: stopped; delivered: {t['delivered_text']!r}")
+        elif t["status"] == "aborted":
             began = {"clip": "its clip's first loud sample", "vad": "the VAD's onset"}.get(t.get("ack_from"), "")
             print(f"turn {t['turn']}: stopped {t['ack_ms']} ms after the barge-in began ({began}; the picture's "
                   f"marks count from the VAD's onset); delivered: {t['delivered_text']!r}")

@@ -20,6 +20,7 @@ closed `interrupted` instead of `aborted`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -83,6 +84,9 @@ class AgentLoop(RunningCalls, AskingFirst):
         # The turn waits for the person's answer to a question (voice.agent.approvals): their words
         # are the answer, not a barge-in, once the question has played.
         self.waiting_for_person = False
+        # Called with the turn's number just before its turn/end is written, however it ends: a
+        # barge-in pause still deciding over the reply ends first (voice.speech.barge_in).
+        self.before_turn_end: Callable[[int], None] = lambda turn: None
 
     # -- public ------------------------------------------------------------
 
@@ -218,7 +222,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             if assembler is None:
                 rows.step_end(self.store, self._at(state), "error")
                 state.step_open = False
-                self.store.end_turn(self.conversation, state.turn, ev.ERROR, error="the language model request failed")
+                self._end_turn(state, ev.ERROR, error="the language model request failed")
                 return ev.ERROR
             calls = _own_ids(UnitRef(self.conversation, state.turn, state.step, state.attempt), assembler.tool_calls())
             # A completion the model streamed after its writes, once confirmed
@@ -231,7 +235,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         else:
             await self.surface.notice(f"stopped after {self.settings.max_steps} steps")
         await self._wait_played(state)
-        self.store.end_turn(self.conversation, state.turn, ev.COMPLETED)
+        self._end_turn(state, ev.COMPLETED)
         return ev.COMPLETED
 
     async def _ask_again(self, state: _TurnState) -> None:
@@ -413,7 +417,11 @@ class AgentLoop(RunningCalls, AskingFirst):
         if state.step_open:
             rows.step_end(self.store, self._at(state), outcome)
             state.step_open = False
-        self.store.end_turn(self.conversation, state.turn, outcome)
+        self._end_turn(state, outcome)
+
+    def _end_turn(self, state: _TurnState, outcome: str, **why: str) -> None:
+        self.before_turn_end(state.turn)
+        self.store.end_turn(self.conversation, state.turn, outcome, **why)
 
     # -- helpers -----------------------------------------------------------
 

@@ -75,6 +75,7 @@ class BargeInController:
         self._first_frames_from = 0  # the first-frames pause is off before this position (after a resume)
         self._cut: tuple[int, int | None] | None = None  # (onset, turn) confirmed before all its words were known
         self._words_due: set[int] = set()  # onsets of utterances that ended and are being transcribed
+        self._outlived: int | None = None  # onset of the utterance whose pause outlived its turn
         self._position = 0  # the mic position of the latest block: where a decision is taken
 
     def assistant_busy(self) -> bool:
@@ -148,6 +149,18 @@ class BargeInController:
         self._cut = (onset, self._pause_turn)  # the utterance's words, once all heard, say what it asked for
         return self._settle(self.judge.heard(text), onset, f"heard {text!r}, a stop")
 
+    def turn_ending(self, turn: int) -> None:
+        """The turn is about to log its end (completed, failed, or cut by
+        `voice ctl cancel`): a pause of its reply still deciding ends first,
+        so that the log never resumes a turn that has ended and the next
+        reply is not left paused. The utterance's words, when they come, have
+        no reply to cut and are heard as a request of their own."""
+        if not self.judge.pending or self._pause_turn != turn:
+            return
+        onset, self._tentative = self.judge.onset, False
+        self._settle(self.judge.withdraw(), onset, "the turn ended")
+        self._outlived = onset
+
     def utterance_ended(self, onset: int) -> None:
         """The utterance that began at `onset` ended; its words are on their way."""
         self._words_due.add(onset)
@@ -160,6 +173,13 @@ class BargeInController:
         for nothing at all (a sound, a backchannel or the assistant's own
         echo that only paused the reply, which then went on)."""
         self._words_due.discard(onset)
+        if onset == self._outlived:  # its pause ended with the turn: a request only if it asks for something
+            self._outlived = None
+            if not text or doubtful or is_backchannel(text) or is_own_echo(text, speaking_text) \
+                    or stop_intent(text, self._stop_phrases):
+                self._ignored(f"{text!r} over a reply that has since ended" if text else "a sound with no words")
+                return None
+            return Heard(text, None, None)
         pending = self.judge.pending and onset == self.judge.onset
         cut_by_length = self._cut is not None and self._cut[0] == onset
         said = text

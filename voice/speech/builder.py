@@ -100,6 +100,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
         log=log.speech, stop_phrases=settings.barge_in.stop_phrases,
         interrupt_pipeline=interruption(lambda: listen), on_cut=turns.mark_cut, ignored=session.ignored,
         speaking_text=surface.speaking_text)
+    agent.before_turn_end = barge_in.turn_ending  # a pause still deciding ends before its turn
     wake, gate = listen_gate(settings)
     # The listener feeds the barge-in controller and the turn runner's early start directly.
     listen = ListenProcessor(vad_analyzer(settings.vad), barge_in, turns, start_secs=settings.vad.start_secs,
