@@ -42,6 +42,7 @@ SAMPLES: list[ev.Body] = [
     ev.AudioClock(mic=16000, speaker=48000, speaker_rate=48000, output_latency=960),
     ev.ListenSpeech(start=16000, end=30000, decided=40000, for_assistant=True),
     ev.ListenWake(position=17000, model="okay_nabu"),
+    ev.ListenWindow(position=17500),
     ev.ListenControl(command="mute", position=18000),
     ev.LateOutput(kind="tts-audio", message_id="3.0.0", sentence=1, samples=2400),
     ev.ApprovalRequested(approval_id="call_4_0_0_0", tool="home__HassTurnOff", server="home", title="HassTurnOff",

@@ -16,6 +16,7 @@ import pytest
 from show_log import CONVERSATION, REPLY_0, REPLY_1, write_turn
 from voice.audio.recording import Recorder
 from voice.config import load_config_with_sources
+from voice.log import events as ev
 from voice.log.store import EventStore
 from voice.service.recording import config_toml, save_session
 from voice.service.scenario import load_scenario
@@ -133,6 +134,46 @@ def test_a_saved_session_is_a_scenario_of_its_recorded_replies_and_tools(tmp_pat
     assert (tool.name, tool.effect, tool.receipt, tool.result) == ("add_note", "write", "confirmed", "noted")
     assert tool.wait_s == pytest.approx(0.2)
     assert tomllib.loads((out / "config.toml").read_text())["barge_in"] == config["barge_in"]
+
+
+def test_a_ring_that_begins_mid_session_keeps_the_listen_gates_state(tmp_path):
+    """In wake mode a ring saved long into a session begins where the listen
+    gate already holds a state: the conversation window the assistant's last
+    reply opened, a wake word not yet used. The scenario carries both, before
+    its start, so that a follow-up the session answered is answered again."""
+    rate = 16000
+    config, _ = load_config_with_sources(None)  # the default: wake mode, an 8 s window
+    assert config["listen"]["mode"] == "wake"
+
+    def saved(name: str, rows: list) -> tuple[float | None, float | None]:
+        store = EventStore(tmp_path / name / "events.db")
+        for body in rows:
+            store.record("c1", body)
+        ring = Recorder.ring(4.0)
+        for mic, played in blocks(14.0):  # the ring keeps 10 s to 14 s
+            ring.add(mic, played)
+        try:
+            info = save_session(tmp_path / f"{name}-saved", ring, store, config, since_seq=0)
+        finally:
+            store.close()
+        assert info["mic_start"] == 10 * rate
+        scenario = load_scenario(tmp_path / f"{name}-saved" / "scenario.toml")
+        return scenario.wake_word_at, scenario.assistant_stopped_at
+
+    def wake(s: float):
+        return ev.ListenWake(position=int(s * rate), model="okay_nabu")
+
+    def speech(start: float, end: float, for_assistant: bool):
+        return ev.ListenSpeech(start=int(start * rate), end=int(end * rate), decided=int(end * rate) + 8000,
+                               for_assistant=for_assistant)
+
+    # a wake word used by the request after it, the reply's end at 7 s, a wake word at 9 s not yet used
+    assert saved("open", [wake(5), speech(5.2, 6, True), ev.ListenWindow(position=7 * rate), wake(9),
+                          ev.ListenWindow(position=11 * rate)]) == (-1.0, -3.0)  # (the one at 11 s is replayed)
+    # the window closed (9 s before the start), the wake word used: the gate starts as a fresh one does
+    assert saved("closed", [ev.ListenWindow(position=1 * rate), wake(5), speech(5.2, 6, True)]) == (None, None)
+    # speech the gate ignored does not use the wake word up
+    assert saved("ignored", [speech(8, 8.5, False), wake(9), speech(9.1, 9.2, False)]) == (-1.0, None)
 
 
 def test_the_config_written_beside_it_is_a_valid_config(tmp_path):

@@ -50,7 +50,9 @@ def _what_happened(out: Path) -> tuple[list, list]:
         rows = [(e.type, e.turn) for e in store.events()]
     finally:
         store.close()
-    return rows, json.loads((out / "summary.json").read_text())["turns"]
+    turns = json.loads((out / "summary.json").read_text())["turns"]
+    ordinal = {c: n for n, c in enumerate(dict.fromkeys(t["conversation"] for t in turns))}  # ids are random
+    return rows, [{**t, "conversation": ordinal[t["conversation"]]} for t in turns]
 
 
 @pytest.mark.slow

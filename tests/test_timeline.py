@@ -446,7 +446,7 @@ def test_a_shutdown_mid_reply_records_what_was_heard_and_starts_nothing_after(tm
 
 def turn_events(o) -> list:
     """The events beyond what listening itself writes (the device clock, where speech was heard)."""
-    return [e for e in o.events if e.type not in (ev.AUDIO_CLOCK, ev.LISTEN_SPEECH, ev.LISTEN_WAKE)]
+    return [e for e in o.events if e.type not in (ev.AUDIO_CLOCK, ev.LISTEN_SPEECH, ev.LISTEN_WAKE, ev.LISTEN_WINDOW)]
 
 
 def test_a_shutdown_while_an_utterance_is_recognised_drains_and_answers_nothing(tmp_path):

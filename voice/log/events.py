@@ -31,8 +31,9 @@ from typing import Any, Final
 # The bodies live by family in voice.log.bodies; this module is the one to import them from.
 from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAIToolCall, Route, TimedDelta, blocks_text,
                                    optional)
-from voice.log.bodies.speech import (AudioClock, LateOutput, ListenControl, ListenSpeech, ListenWake, SpeechCleared,
-                                     SpeechConfirmed, SpeechPaused, SpeechPlayed, SpeechResumed, SpeechSentence)
+from voice.log.bodies.speech import (AudioClock, LateOutput, ListenControl, ListenSpeech, ListenWake, ListenWindow,
+                                     SpeechCleared, SpeechConfirmed, SpeechPaused, SpeechPlayed, SpeechResumed,
+                                     SpeechSentence)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -96,6 +97,7 @@ SPEECH_SENTENCE: Final = SpeechSentence.TYPE
 AUDIO_CLOCK: Final = AudioClock.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
+LISTEN_WINDOW: Final = ListenWindow.TYPE
 LISTEN_CONTROL: Final = ListenControl.TYPE
 LATE_OUTPUT: Final = LateOutput.TYPE
 CONVERSATION_FORK: Final = ConversationFork.TYPE

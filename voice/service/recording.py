@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.audio.device import MIC_RATE
+from voice.audio.listening import ListenGate
 from voice.audio.recording import BLOCKS, Recorder, private_file
 from voice.log import events as ev
 from voice.log.events import Event
@@ -78,7 +79,8 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, config:
     controls = _controls(events, mic_start)
     _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
                                                        [(text, at_s) for _, text, at_s in typed], controls,
-                                                       blocks=(directory / BLOCKS).is_file()))
+                                                       blocks=(directory / BLOCKS).is_file(),
+                                                       gate=_gate_at_start(events, mic_start, Settings.of(config))))
     _write(directory / "config.toml", config_toml(config))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": turns,
             "before_start": [t for t, start in spoken if start < mic_start] + [t for t, _, at_s in all_typed if at_s < 0],
@@ -141,6 +143,29 @@ def _controls(events: list[Event], mic_start: int) -> list[tuple[str, float]]:
     muted = [c.command for c in rows if c.position < mic_start and c.command in ("mute", "unmute")]
     first = [("mute", 0.0)] if muted and muted[-1] == "mute" else []
     return first + [(c.command, round((c.position - mic_start) / MIC_RATE, 4)) for c in rows if c.position >= mic_start]
+
+
+def _gate_at_start(events: list[Event], mic_start: int, settings: Settings) -> dict[str, float]:
+    """The listen gate's state where the recording begins, in seconds before it
+    (wake mode): a wake word heard and not yet used by an utterance for the
+    assistant, and where the assistant last stopped speaking while its
+    conversation window is still open there. A ring that begins mid-session
+    replays with them, or a follow-up the session answered would need a wake word."""
+    if settings.listen.mode != "wake" or mic_start == 0:
+        return {}
+    gate = ListenGate(settings.listen.mode, settings.listen.window_s)
+    before = lambda position: (position - mic_start) / MIC_RATE  # noqa: E731
+    state = {}
+    wakes = [e.body.position for e in events if e.type == ev.LISTEN_WAKE and e.body.position < mic_start]
+    if wakes and -before(wakes[-1]) <= gate.wake_valid_s:
+        used = any(e.type == ev.LISTEN_SPEECH and e.body.for_assistant
+                   and wakes[-1] <= (e.body.decided or e.body.end) < mic_start for e in events)
+        if not used:
+            state["wake_word_at"] = round(before(wakes[-1]), 4)
+    stops = [e.body.position for e in events if e.type == ev.LISTEN_WINDOW and e.body.position < mic_start]
+    if stops and -before(stops[-1]) <= gate.window_s:
+        state["assistant_stopped_at"] = round(before(stops[-1]), 4)
+    return state
 
 
 def _on_track(anchor: Event, at_mono: float, track_start_s: float) -> float:
@@ -296,7 +321,8 @@ def _value(v: Any) -> str:
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
                    plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any],
-                   says: list[tuple[str, float]], controls: list[tuple[str, float]], *, blocks: bool) -> str:
+                   says: list[tuple[str, float]], controls: list[tuple[str, float]], *, blocks: bool,
+                   gate: dict[str, float]) -> str:
     settings = Settings.of(config)  # (a test may save with a checked config dict)
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
@@ -312,6 +338,8 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         f"mode = {_value(settings.listen.mode)}",
         f"window_s = {_value(float(settings.listen.window_s))}",
         f"echo_cancellation = {_value(settings.audio.echo_cancellation)}",
+        # the wake word not yet used, the assistant's last stop (its conversation window), before the start
+        *(f"{key} = {_value(at)}" for key, at in gate.items()),
         "",
         "[[user]]",
         'audio = "mic.wav"',

@@ -98,6 +98,12 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                               recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
                               data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
+            gate = voice.session.parts.listen.gate
+            if gate is not None:  # the listen gate as the recorded session had it when its recording began
+                if scenario.wake_word_at is not None:
+                    gate.on_wake(scenario.wake_word_at)
+                if scenario.assistant_stopped_at is not None:
+                    gate.on_assistant_stopped(scenario.assistant_stopped_at)
             await run_typing(voice.session, device, scenario.says, scenario.controls)
             summary = _summary(voice.session, device, spans, voice.app.store, time.perf_counter() - started)
             # The scenario's scripted replies (a server's provider, held on the clock, is not one)

@@ -51,6 +51,12 @@ the scenario's sound; a recorded session's track covers its own). A
 `voice ctl` command, given when the listener has heard the mic up to `at`:
 a muted stretch is not heard, as in the session that recorded it.
 
+In wake mode, `[listen] wake_word_at` and `assistant_stopped_at` (seconds
+on the scenario clock, negative: before it began) are the listen gate's
+state at the start, as a saved session that began mid-session had it: a
+wake word heard and not yet used, and where the assistant last stopped
+speaking (its conversation window, in which a follow-up needs no wake word).
+
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
 """
@@ -70,6 +76,7 @@ from voice.audio.wav import read_mono16k
 from voice.speech.stt import STT_MODELS
 from voice.toml_file import read_toml
 
+_LISTEN = ("echo_cancellation", "mode", "window_s", "wake_word_at", "assistant_stopped_at")
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
         "mic_blocks", "say", "control"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
@@ -123,6 +130,9 @@ class Scenario:
     blocks: tuple[int, ...] = ()  # mic block sizes (samples), in order; past them, 20 ms blocks
     says: tuple[TypedTurn, ...] = ()  # typed turns, by time
     controls: tuple[Control, ...] = ()  # mute, unmute, cancel, new, by time
+    # the listen gate at the start (wake mode; seconds, <= 0): a wake word not yet used, the window's start
+    wake_word_at: float | None = None
+    assistant_stopped_at: float | None = None
 
     def play_at(self, rate: int) -> dict[tuple[str, int], int]:
         """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
@@ -217,14 +227,16 @@ def load_scenario(path: str | Path) -> Scenario:
             raise ValueError(f"scenario {path}: [echo] allows only {sorted(_ECHO)}")
         echo = EchoPath(**{k: _number(path, f"[echo] {k}", v, *_ECHO_RANGES[k]) for k, v in data["echo"].items()})
     listen = data.get("listen", {})
-    if not isinstance(listen, dict) or set(listen) - {"echo_cancellation", "mode", "window_s"}:
-        raise ValueError(f"scenario {path}: [listen] allows only echo_cancellation, mode, window_s")
+    if not isinstance(listen, dict) or set(listen) - set(_LISTEN):
+        raise ValueError(f"scenario {path}: [listen] allows only {', '.join(_LISTEN)}")
     if not isinstance(listen.get("echo_cancellation", False), bool):
         raise ValueError(f"scenario {path}: [listen] echo_cancellation = {listen['echo_cancellation']!r}: "
                          "true or false, unquoted")
     if listen.get("mode", "open") not in ("open", "wake"):
         raise ValueError(f"scenario {path}: [listen] mode = {listen['mode']!r}: \"open\" or \"wake\"")
     window_s = _number(path, "[listen] window_s", listen["window_s"], 0.5, DAY_S) if "window_s" in listen else None
+    gate_at = {key: _number(path, f"[listen] {key}", listen[key], -DAY_S, 0.0) if key in listen else None
+               for key in ("wake_word_at", "assistant_stopped_at")}
     timing = data.get("timing", "measured")
     if timing not in ("measured", "recorded"):
         raise ValueError(f"scenario {path}: timing is \"measured\" (inference takes its time) or \"recorded\"")
@@ -237,7 +249,7 @@ def load_scenario(path: str | Path) -> Scenario:
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
                     tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
                     tuple(plays), timing, _blocks(path, mic_blocks), _says(path, data.get("say", [])),
-                    _controls(path, data.get("control", [])))
+                    _controls(path, data.get("control", [])), **gate_at)
 
 
 def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:

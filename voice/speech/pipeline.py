@@ -34,7 +34,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
-from voice.log.events import Body, ListenSpeech, ListenWake
+from voice.log.events import Body, ListenSpeech, ListenWake, ListenWindow
 from voice.speech.barge_in import BargeInController
 from voice.speech.listener import Addressed, ForAssistant, Ignored, Listener, WakeAlone
 from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
@@ -188,6 +188,7 @@ class ListenProcessor(FrameProcessor):
         self.heard_audio.set()
         if self.gate is not None and li.assistant_stopped(self._barge_in.assistant_busy()):
             self.gate.on_assistant_stopped(end / MIC_RATE)  # the follow-up window opens
+            self._log(ListenWindow(position=end), None)
         voiced = state in (VADState.STARTING, VADState.SPEAKING)
         li.heard(audio, voiced)
         self._pause_on_first_frames(n)

@@ -110,6 +110,16 @@ class ListenWake(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ListenWindow(Body):
+    """The assistant stopped speaking: in wake mode the conversation window,
+    in which a follow-up needs no wake word, runs from here (a saved session
+    that begins inside it replays with it open: voice.service.recording)."""
+
+    TYPE = "listen/window"
+    position: int  # mic position
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListenControl(Body):
     """A control that changes what the assistant hears or does (`voice ctl
     mute|unmute|cancel|new`), at the mic position it came: a saved session
