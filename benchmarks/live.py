@@ -1,6 +1,7 @@
 """Live figures, on virtual PipeWire devices (tests/live/audio_server.py):
 
-    python benchmarks/live.py [--clicks 10] [--conversations 3] [--idle 20] [--json OUT]
+    python benchmarks/live.py [--clicks 10] [--conversations 3] [--idle 20] [--v2v 5] [--json OUT]
+    python benchmarks/live.py --v2v-only [--v2v 5] [--json OUT]
 
 - output delay: the real LiveDevice stream plays a click every 0.5 s while
   `speaker.monitor` is recorded with every chunk stamped on the monotonic
@@ -15,6 +16,13 @@
   (tests/live/conversation.py); the barge-in's onset in the mic feed to the
   last sample of the cut reply on `speaker.monitor`.
 - idle CPU of `voice run` listening to silence on the virtual devices.
+- voice-to-voice, live: `voice run` in wake mode ("Okay Nabu. What time is
+  it?", each after the conversation window has closed) and in open mode
+  ("What time is it?"), the scripted model answering at once with
+  benchmarks/v2v.py's reply; from the request's last loud sample in the mic
+  feed to the reply's first loud sample on `speaker.monitor`, split by the
+  log into end of turn, recognition after it, and the rest (the model's
+  first clause, its synthesis, the device's output).
 """
 
 from __future__ import annotations
@@ -36,7 +44,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from live.audio_server import AudioServer, ensure_packages  # noqa: E402
-from live.conversation import LiveDaemon, converse, cpu_seconds, thread_cpu_seconds  # noqa: E402
+from live.conversation import AUDIO, Exchange, LiveDaemon, ask, converse, cpu_seconds, thread_cpu_seconds  # noqa: E402
+from v2v import REPLY  # noqa: E402  (benchmarks/, this script's folder)
+
+from voice.log import events as ev  # noqa: E402
+from voice.settings import ListenSettings  # noqa: E402
 
 
 def log(*a) -> None:
@@ -176,6 +188,84 @@ def idle_cpu(server: AudioServer, work: Path, window: float, mode: str = "open")
             "threads_pct": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.05}}
 
 
+# -- voice-to-voice, live ------------------------------------------------------------------------
+
+V2V_REQUEST = {"wake": AUDIO / "okay_nabu_what_time.wav", "open": AUDIO / "what_time.wav"}
+# After each reply played out, silence before the next request: in wake mode
+# past the conversation window, so every request wakes the assistant afresh.
+V2V_PAUSE_S = {"wake": ListenSettings().window_s + 1.0, "open": 1.5}
+
+
+def live_v2v(server: AudioServer, work: Path, n: int, mode: str) -> dict:
+    """One `voice run` in listen mode `mode`, asked `n` times, one request
+    after the other's reply. The reply is the replay benchmark's (v2v.py:
+    40 ms a word, a 12-word first clause), so the figures compare with its."""
+    tmp = work / f"v2v-{mode}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    script = tmp / "replies.toml"
+    script.write_text(f'[[reply]]\nfirst_delay_ms = 0\nchunk_delay_ms = 40\ntext = "{REPLY}"\n\n' * n)
+    speaker, mic = server.record("speaker.monitor"), server.record("micfeed.monitor")
+    daemon = LiveDaemon(tmp, server, script, listen_mode=mode)
+    exchanges = []
+    try:
+        daemon.wait_listening()
+        time.sleep(V2V_PAUSE_S[mode])  # past start-up, and (wake) as after a reply
+        for i in range(n):
+            exchanges.append(ask(server, daemon, speaker, mic, V2V_REQUEST[mode]))
+            time.sleep(V2V_PAUSE_S[mode])
+    finally:
+        speaker.stop()
+        mic.stop()
+        code = daemon.stop()
+        (tmp / "daemon.log").write_text(daemon.log())
+    if code != 0:
+        raise RuntimeError(f"voice run exited {code}: {daemon.log()}")
+    rows = [{"v2v_ms": x.v2v_ms, **v2v_parts(daemon.events(), x)} for x in exchanges]
+    for i, r in enumerate(rows):
+        log(f"{mode:5} request {i}: v2v {r['v2v_ms']:.0f} ms = end of turn {_ms(r['eot_ms'])} + recognition "
+            f"{_ms(r['stt_ms'])} + turn start -> first reply sample {_ms(r['reply_ms'])}")
+    med = {k: _median([r[k] for r in rows]) for k in ("v2v_ms", "eot_ms", "stt_ms", "reply_ms")}
+    return {"mode": mode, "request": V2V_REQUEST[mode].name, "n": n, "medians": med, "requests": rows,
+            "load_avg_1min": os.getloadavg()[0]}
+
+
+def v2v_parts(events: list[ev.Event], x: Exchange) -> dict:
+    """The request's turn in the log, on the recordings' clock (`at_mono`):
+    the end of turn decided (its listen/speech, logged when the block that
+    ended it was heard: the mic's input delay included), then the turn's
+    start (recognition done), then the reply's first sample."""
+    start = next((e for e in events if e.type == ev.TURN_START and e.at_mono > x.played_at), None)
+    if start is None:
+        return {"eot_ms": None, "stt_ms": None, "reply_ms": None, "stt_logged_ms": None}
+    ended = [e for e in events if e.type == ev.LISTEN_SPEECH and e.body.for_assistant
+             and x.played_at < e.at_mono <= start.at_mono]
+    message = next((e for e in events if e.type == ev.USER_MESSAGE and e.turn == start.turn), None)
+    audio = message.body.audio if message is not None else None
+    decided = ended[-1].at_mono if ended else None
+    return {"eot_ms": None if decided is None else (decided - x.request_end) * 1000,
+            "stt_ms": None if decided is None else (start.at_mono - decided) * 1000,
+            "reply_ms": (x.reply_start - start.at_mono) * 1000,
+            "stt_logged_ms": (audio or {}).get("stt_ms")}  # the daemon's own figure for recognition after the end
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def print_v2v(runs: list[dict]) -> None:
+    for r in runs:
+        m = r["medians"]
+        print(f"{r['mode']:5} v2v median {_ms(m['v2v_ms'])} ms over {r['n']} ({r['request']}): end of turn "
+              f"{_ms(m['eot_ms'])} + recognition {_ms(m['stt_ms'])} + turn start -> first reply sample "
+              f"{_ms(m['reply_ms'])}; all: {', '.join(_ms(q['v2v_ms']) for q in r['requests'])} "
+              f"(load average {r['load_avg_1min']:.1f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clicks", type=int, default=10)
@@ -183,6 +273,8 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of silence to measure idle CPU over")
     ap.add_argument("--idle-only", action="store_true", help="only idle CPU, in open and wake mode, --repeat times")
     ap.add_argument("--repeat", type=int, default=2, help="idle measurements per mode with --idle-only")
+    ap.add_argument("--v2v", type=int, default=5, metavar="N", help="voice-to-voice requests per listen mode")
+    ap.add_argument("--v2v-only", action="store_true", help="only voice-to-voice, in wake and open mode")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", type=Path, help="keep recordings and logs here")
     args = ap.parse_args()
@@ -191,6 +283,13 @@ def main() -> int:
         log(f"live benchmark: {reason}")
         return 2
     work = args.keep or Path(tempfile.mkdtemp(prefix="voice-live-bench-"))
+    if args.v2v_only:
+        with AudioServer() as server:
+            runs = [live_v2v(server, work, args.v2v, mode) for mode in ("wake", "open")]
+        print_v2v(runs)
+        if args.json:
+            args.json.write_text(json.dumps(runs, indent=2) + "\n")
+        return 0
     if args.idle_only:
         with AudioServer() as server:
             runs = [idle_cpu(server, work / str(i), args.idle, mode) for i in range(args.repeat) for mode in ("wake", "open")]
@@ -205,6 +304,7 @@ def main() -> int:
         result = output_delay(server, args.clicks)
         result.update(live_ack(server, work, args.conversations))
         result.update(idle_cpu(server, work, args.idle))
+        result["v2v"] = [live_v2v(server, work, args.v2v, mode) for mode in ("wake", "open")] if args.v2v else []
     result["machine"] = {"cores": os.cpu_count()}
     c = result["cursor_error_ms"]
     rows = [
@@ -222,6 +322,10 @@ def main() -> int:
         ("live ack: barge-in onset in mic feed -> last reply sample (median)", result["live_ack_ms_median"],
          "n={} ({})".format(len(result["live_ack_ms"]), ", ".join(f"{a:.0f}" for a in result["live_ack_ms"]))),
         ("idle CPU of `voice run` on silence (%)", result["idle_cpu_pct"], f"{result['idle_window_s']:.0f} s window"),
+        *((f"v2v live, {r['mode']} mode: request's last sample in mic feed -> reply's first on speaker (median)",
+           r["medians"]["v2v_ms"], f"n={r['n']}; parts: end of turn {_ms(r['medians']['eot_ms'])} + recognition "
+           f"{_ms(r['medians']['stt_ms'])} + turn start -> first reply sample {_ms(r['medians']['reply_ms'])}")
+          for r in result["v2v"]),
     ]
     print("| metric | value (ms, or %) | note |\n|---|---|---|")
     for name, value, note in rows:

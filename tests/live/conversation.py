@@ -221,6 +221,48 @@ def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_
     return Conversation(daemon, rc, speaker.samples(), mic.samples(), speaker, mic, reply_start, barge_in_at)
 
 
+# -- one request and its reply, timed (benchmarks/live.py: voice-to-voice) ---------------------------
+
+
+@dataclass
+class Exchange:
+    """One request played into the mic and its reply, on the monotonic clock."""
+
+    played_at: float  # when the request's WAV was started into the mic feed
+    request_end: float  # its last loud sample in the mic feed
+    reply_start: float  # the reply's first loud sample on the speaker
+
+    @property
+    def v2v_ms(self) -> float:
+        return (self.reply_start - self.request_end) * 1000
+
+
+def ask(audio: AudioServer, daemon: LiveDaemon, speaker: Recorder, mic: Recorder, wav: Path, *,
+        gap_s: float = 0.8, timeout: float = 60) -> Exchange:
+    """Play `wav` into the mic and wait for its reply to play out (the
+    transcript's `assistant:` line comes after its last sample). The request's
+    end is the last loud frame before `gap_s` of silence from its first loud
+    frame: longer than the pauses inside a request (the 0.4 s after "Okay
+    Nabu.", espeak's between words), shorter than the wait for the reply."""
+    replies = len(daemon.replies())
+    played_at = time.monotonic()
+    player = audio.play(wav)
+    daemon.wait(lambda: len(daemon.replies()) > replies, timeout, f"the reply to {wav.name}")
+    if player.wait(5) != 0:
+        raise LiveFailure(f"paplay failed: {player.stderr.read()}")
+    heard = mic.samples()
+    onset = first_loud(heard, mic.index_at(played_at))
+    end = None if onset is None else end_before_gap(heard, onset, gap_s)
+    if end is None:
+        raise LiveFailure(f"{wav.name} never reached the mic feed, or never ended there")
+    request_end = mic.time_of(end)
+    played = speaker.samples()
+    start = first_loud(played, speaker.index_at(request_end))
+    if start is None:
+        raise LiveFailure(f"the reply to {wav.name} never reached the speaker:\n{daemon.log()}")
+    return Exchange(played_at, request_end, speaker.time_of(start))
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, all its threads."""
     return _stat_cpu_seconds(Path(f"/proc/{pid}"))
