@@ -6,15 +6,19 @@ benchmarks/replay_memory.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import wave
 from pathlib import Path
 from types import SimpleNamespace
 
+import anyio
 import numpy as np
 
 from killpoint import killpoints_fixture
 from test_flat_memory import play_to_end
+from voice.agent.providers.base import ModelRequest
+from voice.agent.providers.scripted import ScriptedProvider, parse_replies
 from voice.agent.surface import UnitRef
 from voice.audio.playback import PlaybackBuffer
 from voice.audio.replay_device import KEEP_TICKS, ReplayDevice, UserClip
@@ -22,6 +26,7 @@ from voice.audio.wav import read_mono16k
 from voice.log import events as ev
 from voice.log.store import EventStore
 from voice.service.replay import SpeechSpans, replay_device
+from voice.service.requests_file import RequestsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "fixtures" / "scenarios" / "markdown.toml"  # three turns: a reply played out first
@@ -32,7 +37,9 @@ killpoints = killpoints_fixture()
 def test_a_killed_replay_leaves_readable_sound_up_to_where_it_was(tmp_path, killpoints):
     """SIGKILL right after the first reply's first sentence is in the log:
     mic.wav and played.wav are there, readable, and hold the sound up to
-    that sentence's last sample (same sample clock), which is speech."""
+    that sentence's last sample (same sample clock), which is speech; and
+    requests.json is whole JSON holding the request that reply answers
+    (written as it was asked, not kept in memory for the end)."""
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config")}
     run = killpoints.run(["replay", str(SCENARIO), "--out", str(out)], env=env, out=tmp_path / "run",
@@ -53,6 +60,30 @@ def test_a_killed_replay_leaves_readable_sound_up_to_where_it_was(tmp_path, kill
     for name in ("mic.wav", "played.wav"):  # the header says what the file holds: nothing needs fixing
         with wave.open(str(out / name), "rb") as w:
             assert w.getnframes() * 2 + 44 == (out / name).stat().st_size
+    assert (out / "requests.json").is_file(), "a killed replay left no record of what the model was asked"
+    requests = json.loads((out / "requests.json").read_text())
+    assert len(requests) == 1  # the first turn's request, and nothing after the kill
+    assert requests[0][-1]["role"] == "user" and requests[0][-1]["content"]
+
+
+def test_the_replays_requests_go_to_disk_as_asked_and_stay_out_of_memory(tmp_path):
+    """A long replay's model requests (each the whole message window) are
+    not held to the end: the scripted provider hands each to the file,
+    which is whole JSON after every one."""
+    file = RequestsFile(tmp_path / "requests.json")
+    assert json.loads(file.path.read_text()) == []
+    provider = ScriptedProvider(parse_replies([{"text": "One."}, {"text": "Two."}], "test"), on_request=file.add)
+
+    async def ask(text: str) -> None:
+        async for _ in provider.stream(ModelRequest(messages=[{"role": "user", "content": text}])):
+            pass
+
+    for n, text in enumerate(["first", "second, with \"quotes\" and é"], 1):
+        anyio.run(ask, text)
+        assert json.loads(file.path.read_text()) == [[{"role": "user", "content": t}]
+                                                     for t in ["first", "second, with \"quotes\" and é"][:n]]
+    assert provider.requests == [] and provider.asked == 2
+    file.close()
 
 
 def long_scenario(clips: int) -> SimpleNamespace:

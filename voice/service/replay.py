@@ -4,9 +4,10 @@ live service runs, with the replay device on the autojump clock.
 Writes DIR/mic.wav and DIR/played.wav (same 16 kHz sample clock) as it
 goes, through the recorder `voice run --record` uses (a killed replay leaves
 them readable, up to the block it was at), DIR/events.db, and at the end
-DIR/summary.json (and DIR/requests.json, what the scripted model was sent).
+DIR/summary.json, and DIR/requests.json (what the scripted model was sent,
+whole JSON after each request: voice.service.requests_file).
 DIR must be new or empty: a replay never writes over a log or a recording.
-The device keeps no sound: memory grows with the scenario's turns, not its
+The device keeps no sound and the provider no requests: memory stays flat over
 length in time (benchmarks/replay_memory.py).
 """
 
@@ -16,6 +17,7 @@ import errno
 import json
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
     from voice.agent.providers.scripted import ScriptedProvider
     from voice.audio.recording import Recorder, private_directory
     from voice.service.assembly import open_voice
+    from voice.service.requests_file import RequestsFile
     from voice.service.scenario import load_scenario
 
     with as_usage_error(ValueError):
@@ -104,18 +107,23 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                     gate.on_wake(scenario.wake_word_at)
                 if scenario.assistant_stopped_at is not None:
                     gate.on_assistant_stopped(scenario.assistant_stopped_at)
-            await run_typing(voice.session, device, scenario.says, scenario.controls)
-            summary = _summary(voice.session, device, spans, voice.app.store, time.perf_counter() - started)
             # The scenario's scripted replies (a server's provider, held on the clock, is not one)
             scripted = voice.app.provider if isinstance(voice.app.provider, ScriptedProvider) else None
-            if scripted is not None:  # what the model was really sent, for parity checks
-                (out / "requests.json").write_text(
-                    json.dumps([list(r.messages) for r in scripted.requests], indent=1) + "\n")
+            if scripted is None:
+                await run_typing(voice.session, device, scenario.says, scenario.controls)
+            else:  # what the model was really sent, for parity checks: to disk as it is asked
+                with closing(RequestsFile(out / "requests.json")) as requests:
+                    for request in scripted.requests:  # (none yet: the session has not run)
+                        requests.add(request)
+                    scripted.requests.clear()
+                    scripted.on_request = requests.add
+                    await run_typing(voice.session, device, scenario.says, scenario.controls)
+            summary = _summary(voice.session, device, spans, voice.app.store, time.perf_counter() - started)
             return summary, scripted
 
     summary, scripted = anyio.run(main) if realtime else run_on_virtual_clock(main(), clock)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    if scenario.timing == "recorded" and scripted is not None and len(scripted.requests) > len(scripted.replies):
+    if scenario.timing == "recorded" and scripted is not None and scripted.asked > len(scripted.replies):
         # The replay heard a request the recording has no reply for (it went on: that turn failed).
         raise Failed(f"no recorded reply for model request {len(scripted.replies) + 1} (the scenario has "
                      f"{len(scripted.replies)}): the replay asked the model more than the session did; what it "

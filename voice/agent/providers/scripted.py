@@ -165,7 +165,12 @@ def load_script(path: str | Path) -> list[ScriptedReply]:
 class ScriptedProvider:
     replies: list[ScriptedReply]
     name: str = "scripted"
+    # Every request asked, in order, unless `on_request` takes them: a long replay
+    # hands each to a file as it comes (voice.service.requests_file) instead of
+    # holding hundreds of whole message windows (benchmarks/replay_memory.py).
     requests: list[ModelRequest] = field(default_factory=list)
+    on_request: Callable[[ModelRequest], None] | None = None
+    asked: int = 0  # requests asked so far, kept or not
     # Seconds on the session's clock, for `at_s`: the replay device's audio
     # position (voice.service.replay); else the time since this provider was made.
     clock: Callable[[], float] | None = None
@@ -182,13 +187,17 @@ class ScriptedProvider:
         return cls(load_script(path), name=Path(path).name)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Delta]:
-        self.requests.append(request)
-        if len(self.requests) > len(self.replies):
+        self.asked += 1
+        if self.on_request is not None:
+            self.on_request(request)
+        else:
+            self.requests.append(request)
+        if self.asked > len(self.replies):
             raise ProviderError(
-                f"the scripted LLM has {len(self.replies)} replies and was asked for request {len(self.requests)}",
+                f"the scripted LLM has {len(self.replies)} replies and was asked for request {self.asked}",
                 retryable=False,
             )
-        reply = self.replies[len(self.requests) - 1]
+        reply = self.replies[self.asked - 1]
         delay = reply.chunk_delay_ms / 1000
         if reply.at_s is not None:  # the clock runs with time: sleep until it is there
             while (due := reply.at_s - self.clock()) > 0:
@@ -206,7 +215,7 @@ class ScriptedProvider:
             sent += len(piece)
             await anyio.sleep(delay)
         for index, call in enumerate(reply.tool_calls):
-            yield ToolCallDelta(index=index, id=f"call_{len(self.requests)}_{index}", name=call.name)
+            yield ToolCallDelta(index=index, id=f"call_{self.asked}_{index}", name=call.name)
             await anyio.sleep(delay)
             yield ToolCallDelta(index=index, arguments=json.dumps(call.arguments))
             await anyio.sleep(delay)
