@@ -63,7 +63,7 @@ def test_voiced_blocks_grow_the_utterance_and_its_voiced_end():
 
 def test_without_a_gate_every_utterance_is_for_the_assistant():
     li = listener()
-    assert li.addressed(b"ab", 10, gated=False, accepted=False) == ForAssistant(b"ab", whole=True)
+    assert li.addressed(b"ab", 10, gated=False, accepted=False) == ForAssistant(b"ab", skipped=0)
 
 
 def test_in_wake_mode_an_utterance_without_the_wake_word_is_ignored_unless_it_cut_the_reply():
@@ -75,7 +75,7 @@ def test_in_wake_mode_an_utterance_without_the_wake_word_is_ignored_unless_it_cu
     decided = li.addressed(audio, li.position, gated=True, accepted=False)
     assert isinstance(decided, Ignored) and decided.seconds == (li.position - li.onset) / RATE
     li.barge_in = True
-    assert li.addressed(audio, li.position, gated=True, accepted=False) == ForAssistant(audio, whole=True)
+    assert li.addressed(audio, li.position, gated=True, accepted=False) == ForAssistant(audio, skipped=0)
 
 
 def test_the_wake_word_is_cut_off_by_position_and_alone_it_waits_for_the_request():
@@ -88,7 +88,7 @@ def test_the_wake_word_is_cut_off_by_position_and_alone_it_waits_for_the_request
     audio = li.end_utterance()
     decided = li.addressed(audio, li.position, gated=True, accepted=True)
     cut = wake_at - int(0.2 * RATE)
-    assert decided == ForAssistant(audio[(cut - li.utterance_start) * 2:], whole=False)
+    assert decided == ForAssistant(audio[(cut - li.utterance_start) * 2:], skipped=(cut - li.utterance_start) * 2)
     assert li.addressed(audio, wake_at + 100, gated=True, accepted=True) == WakeAlone()
 
 

@@ -396,6 +396,24 @@ def test_wake_word_and_conversation_window(replays):
     assert len(requests) == 2
 
 
+
+def test_in_wake_mode_the_words_after_the_wake_word_are_recognised_at_the_pause(replays):
+    """The default (wake-word) mode gets what open mode gets (#26): "okay
+    nabu, what time is it?" in one breath is recognised from just before the
+    wake word while the person pauses, so the turn needs no recognition after
+    its end, and the model started early on those words is the turn's.
+    Before, the speculation was of the whole utterance ("Okay, Nabu, what
+    time is it?"): the turn recognised again after its end and the early
+    start was dropped."""
+    out = replays("wake_speculation")
+    (turn,) = summary(out)["turns"]
+    assert turn["user_text"] == "What time is it?" and turn["delivered_text"] == "It is half past ten.", turn
+    counts = summary(out)["turn_end"]
+    assert counts["used"] == 1, counts  # the turn's words came from the speculation
+    assert counts["early_starts"] == counts["early_used"] == 1, counts  # the early model start was the turn's
+    requests = json.loads((out / "requests.json").read_text())
+    assert len(requests) == 1 and requests[0][-1]["content"] == "What time is it?", requests
+
 # -- #12: "stop" just stops; a transcript that tells the whole story ----------------
 
 

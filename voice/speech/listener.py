@@ -37,7 +37,7 @@ class ForAssistant:
     """The utterance's audio for the assistant (the wake word cut off)."""
 
     audio: bytes
-    whole: bool  # not cut: a speculation of the utterance is of exactly this audio
+    skipped: int  # bytes of the utterance cut off before `audio` (Listener.addressed_from)
 
 
 Addressed = Ignored | WakeAlone | ForAssistant
@@ -142,16 +142,25 @@ class Listener:
         utterance from this onset. The wake word is cut off by position
         (Whisper mangles "okay nabu")."""
         if not gated:
-            return ForAssistant(audio, whole=True)
+            return ForAssistant(audio, skipped=0)
         if not self.barge_in and not accepted:
             return Ignored((end - self.onset) / self.rate)
         wake_at = self.wake_at
-        if wake_at is not None and self.utterance_start <= wake_at <= end:
-            if end - wake_at < int(WAKE_ALONE_S * self.rate):
-                return WakeAlone()
-            cut = max(self.utterance_start, wake_at - int(WAKE_CUT_LEAD_S * self.rate))
-            return ForAssistant(audio[(cut - self.utterance_start) * 2:], whole=cut == self.utterance_start)
-        return ForAssistant(audio, whole=True)
+        if (wake_at is not None and self.utterance_start <= wake_at <= end
+                and end - wake_at < int(WAKE_ALONE_S * self.rate)):
+            return WakeAlone()
+        skipped = self.addressed_from(end)
+        return ForAssistant(audio[skipped:], skipped=skipped)
+
+    def addressed_from(self, end: int) -> int:
+        """Bytes at the start of the utterance (ending at `end`) that are not
+        for the assistant: up to just before a wake word said in it (0: none).
+        Speculative recognition starts there too, so that its words are the
+        request's, not "Okay, Nabu, ..." (voice.speech.turn_end)."""
+        wake_at = self.wake_at
+        if wake_at is None or not self.utterance_start <= wake_at <= end:
+            return 0
+        return (max(self.utterance_start, wake_at - int(WAKE_CUT_LEAD_S * self.rate)) - self.utterance_start) * 2
 
     def end_speculation(self, dropped: bool) -> bool:
         """The utterance is over: True when its early start is to be let go (it was dropped)."""

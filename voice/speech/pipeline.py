@@ -215,7 +215,7 @@ class ListenProcessor(FrameProcessor):
             if for_assistant:
                 self._barge_in.utterance_ended(li.onset)  # its words are on their way
                 frame = UtteranceFrame(audio=addressed.audio, start=li.onset, end=end)
-                if addressed.whole:  # not cut by the wake word: the speculation is of this audio
+                if addressed.skipped == self.turn_end.skipped:  # the speculation is of exactly this audio
                     frame.transcript, frame.pending = self.turn_end.final()
                 await self.push_frame(frame)
             if li.end_speculation(dropped=not for_assistant):
@@ -232,7 +232,8 @@ class ListenProcessor(FrameProcessor):
         # Over the paused reply the words so far are recognised too, for a stop
         # (`_stop_heard`); they never end the utterance early: it waits OVER_REPLY_END_S.
         deciding = li.barge_in and self._barge_in.deciding(li.onset)
-        end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle or deciding) and not deciding
+        end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle or deciding,
+                                  skip=li.addressed_from(li.position + samples)) and not deciding
         # Words not (yet) addressed to the assistant never reach the model early (wake mode).
         addressed = self.gate is None or self.gate.accepts_utterance(li.onset / MIC_RATE)
         text = self.turn_end.complete_request() if idle and addressed else None

@@ -131,10 +131,17 @@ class TurnEndTracker:
         self._voiced_to = 0  # bytes of the utterance up to the end of its last voiced block
         self._spec: _Speculation | None = None
         self._result: tuple[int, Transcript] | None = None  # (bytes covered, transcript)
+        self.skipped = 0  # bytes at the utterance's start that no recognition is of (a wake word said in it)
         self.started = 0  # speculations started for this utterance (the benchmark counts them)
 
-    def block(self, utterance: bytearray, samples: int, voiced: bool, may_speculate: bool) -> bool:
-        """After `utterance` grew by one block: True to end the turn now."""
+    def block(self, utterance: bytearray, samples: int, voiced: bool, may_speculate: bool, skip: int = 0) -> bool:
+        """After `utterance` grew by one block: True to end the turn now.
+        `skip`: bytes at its start not to recognise; when it changes (the
+        wake word was just found in the utterance), what was recognised of
+        the audio before is let go: its words are not the request's."""
+        if skip != self.skipped:
+            self._let_go()
+            self._result, self.skipped = None, skip
         if voiced:
             self._silent = 0
             self._voiced_to = len(utterance)
@@ -149,7 +156,7 @@ class TurnEndTracker:
         if (self._spec is None and may_speculate and self.settings.enabled and not voiced
                 and 2 * self._silent >= self._tail and not self._covered()):
             speech = self.speech(utterance)
-            audio = np.frombuffer(speech, np.int16).astype(np.float32) / 32768.0
+            audio = np.frombuffer(speech, np.int16)[self.skipped // 2:].astype(np.float32) / 32768.0
             self._spec = _Speculation(len(speech), self._start_job(audio))
             self.started += 1
             self.speculations += 1
@@ -218,9 +225,13 @@ class TurnEndTracker:
     def abandon(self) -> None:
         """The utterance is over or dropped: a running job's result is never
         used (the thread finishes on its own; its outcome is collected)."""
+        self._let_go()
+        self.reset()
+
+    def _let_go(self) -> None:
         if self._spec is not None:
             self._spec.job.add_done_callback(_collect)
-        self.reset()
+            self._spec = None
 
 
 def _collect(job: asyncio.Future) -> None:
