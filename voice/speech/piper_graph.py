@@ -60,8 +60,9 @@ def seeded_noise(model) -> None:
     graph.node.extend(nodes)
 
 
-def load_voice(model_path: Path, config_path: Path, alignments: bool):
-    """A PiperVoice whose synthesis is deterministic (and aligned if asked)."""
+def load_voice(model_path: Path, config_path: Path, alignments: bool, threads: int = 0):
+    """A PiperVoice whose synthesis is deterministic (and aligned if asked),
+    on `threads` threads (0: onnxruntime's choice, one per core)."""
     import onnx
     import onnxruntime
     from piper import PiperVoice
@@ -76,6 +77,8 @@ def load_voice(model_path: Path, config_path: Path, alignments: bool):
             pass  # already patched, or no durations to expose: the phoneme-count rule applies
     seeded_noise(model)
     config = PiperConfig.from_dict(json.loads(Path(config_path).read_text(encoding="utf-8")))
-    session = onnxruntime.InferenceSession(model.SerializeToString(), sess_options=onnxruntime.SessionOptions(),
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(model.SerializeToString(), sess_options=options,
                                            providers=["CPUExecutionProvider"])
     return PiperVoice(config=config, session=session)

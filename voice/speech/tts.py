@@ -92,10 +92,10 @@ def _set_voice_once() -> None:
 
 
 class PiperEngine:
-    def __init__(self, rate: int, alignments: bool = True):
+    def __init__(self, rate: int, alignments: bool = True, threads: int = 0):
         _set_voice_once()
         model, config = models.piper_joe()
-        self._voice = piper_graph.load_voice(model, config, alignments)
+        self._voice = piper_graph.load_voice(model, config, alignments, threads)
         self._alignments = alignments
         self.source_rate = self._voice.config.sample_rate
         self.rate = rate
