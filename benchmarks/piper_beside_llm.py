@@ -12,7 +12,10 @@ typical first sentences:
   tests start it: tests/llm_server.py) streams a long reply to another
   client, which is what it does during a real turn's first sentence;
 - with Piper on onnxruntime's default threads (one per core) and on
-  `--threads` others (`[tts] threads`).
+  `--threads` others;
+- with the server at `--server-nice` niceness: a local model server run
+  at a lower priority than the voice (systemd's `Nice=`), which loses
+  little decoding speed and gives the first sentence the cores.
 
 It reports the median and p95 per case and the ratio to alone-on-defaults.
 A measurement, not a test: run it on an otherwise idle machine and say how
@@ -97,6 +100,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=8, help="synthesised sentences per case")
     parser.add_argument("--threads", type=int, nargs="*", default=[1], help="Piper thread counts besides the default")
+    parser.add_argument("--server-nice", type=int, nargs="*", default=[0],
+                        help="the server's niceness (every thread of it), one pass each: e.g. 0 10")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if (why := missing()) is not None:
@@ -110,9 +115,12 @@ def main() -> int:
         for threads, engine in engines.items():
             name = f"threads={threads or 'default'}"
             result["cases"][f"{name} alone"] = summary(time_synthesis(engine, args.runs))
-            with Decoding(server.base_url, server.model) as decoding:
-                result["cases"][f"{name} beside decoding"] = summary(time_synthesis(engine, args.runs))
-            result["cases"][f"{name} beside decoding"]["server_chunks"] = decoding.tokens
+            for nice in args.server_nice:
+                server.renice(nice)
+                case = f"{name} beside decoding" + (f", server nice {nice}" if nice else "")
+                with Decoding(server.base_url, server.model) as decoding:
+                    result["cases"][case] = summary(time_synthesis(engine, args.runs))
+                result["cases"][case]["server_chunks"] = decoding.tokens
     base = result["cases"]["threads=default alone"]["p50_ms"]
     for name, case in result["cases"].items():
         case["x_alone_default"] = round(case["p50_ms"] / base, 2)

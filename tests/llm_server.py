@@ -95,6 +95,14 @@ class LlamaServer:
     def log_size(self) -> int:
         return self.log_path.stat().st_size
 
+    def renice(self, nice: int) -> None:
+        """Every thread of the server at niceness `nice` (Linux sets it per
+        thread; one made later inherits its maker's): a local server run at
+        a lower priority than the voice, as `Nice=` in its systemd unit
+        does (docs/llm-servers.md). Raising it needs no privilege."""
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+
     def cpu_seconds(self) -> float:
         """CPU time the server process has used (user + system), from /proc:
         how a test sees, from outside, whether it is still generating."""
