@@ -261,7 +261,7 @@ def cmd_acp(args: argparse.Namespace) -> int:
 
 def cmd_ctl(args: argparse.Namespace) -> int:
     from voice.service import ctl_format
-    from voice.service.control import request
+    from voice.service.control import request, stream_until_stopped
 
     _refuse_db(args, "voice ctl talks to the running daemon, which keeps its own log; drop --db "
                      "(to read a log file directly: voice history --db PATH)")
@@ -292,8 +292,11 @@ def cmd_ctl(args: argparse.Namespace) -> int:
             payload["after"] = max(0, args.since or 0)
     show = ctl_format.as_json if args.json else ctl_format.for_people(args.cmd)
     path = _settings(args).service.socket_path
+    if args.cmd == "events":  # a stream: until it ends, or Ctrl-C / SIGTERM
+        first = anyio.run(lambda: stream_until_stopped(path, payload, show))
+        return 0 if first is None else ctl_format.exit_status(args.cmd, first)
     try:
-        first = anyio.run(lambda: request(path, payload, show, stream=args.cmd == "events"))
+        first = anyio.run(lambda: request(path, payload, show))
     except KeyboardInterrupt:
         return 0
     return ctl_format.exit_status(args.cmd, first)

@@ -393,3 +393,31 @@ async def request(path: Path, payload: dict[str, Any], show: Callable[[dict[str,
             if payload.get("follow"):
                 raise Failed(f"the voice daemon on {path} went away; the event stream ended") from None
             return first
+
+
+async def stream_until_stopped(path: Path, payload: dict[str, Any],
+                               show: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+    """`request(..., stream=True)` until the daemon ends the stream or this
+    process gets SIGINT (Ctrl-C) or SIGTERM; None when stopped so. The signals
+    are taken here, not left to Python's KeyboardInterrupt: a process started
+    with SIGINT ignored (a script's background job, a test runner that
+    ignores it) never raises one, and `voice ctl events --follow` ran on."""
+    import signal
+
+    ended: list[dict[str, Any] | Exception] = []  # the first reply, or why the stream failed (UsageError, Failed)
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            async def run() -> None:
+                try:
+                    ended.append(await request(path, payload, show, stream=True))
+                except (UsageError, Failed) as exc:  # raised below as it is, not in the task group's exception group
+                    ended.append(exc)
+                tg.cancel_scope.cancel()  # the stream ended: stop watching for signals
+
+            tg.start_soon(run)
+            async for _ in signals:
+                tg.cancel_scope.cancel()
+                break
+    if ended and isinstance(ended[0], Exception):
+        raise ended[0]
+    return ended[0] if ended else None
