@@ -401,9 +401,11 @@ async def stream_until_stopped(path: Path, payload: dict[str, Any],
     process gets SIGINT (Ctrl-C) or SIGTERM; None when stopped so. The signals
     are taken here, not left to Python's KeyboardInterrupt: a process started
     with SIGINT ignored (a script's background job, a test runner that
-    ignores it) never raises one, and `voice ctl events --follow` ran on."""
+    ignores it) never raises one, and `voice ctl events --follow` ran on;
+    one that inherited them blocked never saw them."""
     import signal
 
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # nor inherited blocked
     ended: list[dict[str, Any] | Exception] = []  # the first reply, or why the stream failed (UsageError, Failed)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
