@@ -310,9 +310,12 @@ def test_own_echo_never_stops_the_reply(replays, name):
     assert turn["status"] == ev.COMPLETED and not turn["interrupted"], turn
     assert turn["delivered_text"] == turn["generated_text"]
     paused, resumed = _speech_events(out, ev.SPEECH_PAUSED), _speech_events(out, ev.SPEECH_RESUMED)
-    # Zero barge-ins everywhere. The loudest path (-6 dB, RT60 0.5 s) leaked
-    # one pause (then resumed) in about 1 run of 4 while AEC3 converged.
-    assert len(paused) <= (1 if name == "echo_only_3" else 0) and len(resumed) == len(paused)
+    # Not even a pause. While AEC3 converged, its residual (-30 dBFS on the
+    # -6 dB paths) paused the reply for up to 1.3 s in about 1 replay of 3
+    # (the scenarios were on measured timing then: when the reply began moved
+    # with the machine's speed, and the outcome with it); the residual gate
+    # (voice.audio.echo) keeps it from the VAD.
+    assert paused == [] and resumed == []
 
 
 def test_without_echo_cancellation_it_cuts_itself_off(replays):
