@@ -8,7 +8,8 @@ comes to is measured in benchmarks/live.py --idle-only (RESULTS.md); here,
 from the outside, on what `--record` wrote:
 
 - the listener was handed the silence in few, long blocks (mic_blocks.txt
-  lists each block the device delivered; before, every one was 32 ms);
+  lists each block the device delivered; before, every one was 32 ms): at
+  least 5 s of the 8 s before the wake word;
 - "Okay Nabu, what time is it?" said after seconds of silence is still
   answered, the wake word found within a block of where the always-on
   detector finds it in the recorded mic, and the request whole.
@@ -52,12 +53,14 @@ def test_silence_reaches_the_listener_in_few_blocks_and_the_wake_word_is_heard_a
     assert code == 0, log
 
     sizes = [int(line) for line in (rec / BLOCKS).read_text().split()]
-    silent_32ms_blocks = sum(sizes) // BLOCK
     long_blocks = [s for s in sizes if s > 2 * BLOCK]
-    # About 10 s of the ~20 s recorded are silence on both sides for over 2 s: that arrives held, in blocks of
-    # up to 0.25 s (the rest, 32 ms blocks: speech, the reply, and the 2 s after each).
-    assert len(sizes) < silent_32ms_blocks / 2, (len(sizes), silent_32ms_blocks, sizes[:40])
-    assert long_blocks and max(long_blocks) <= 0.3 * 16000, sorted(set(sizes))
+    # Of the 8 s of silence before the wake word, all but the 2 s that start a hold (and a block at each
+    # end) arrive held, in blocks of up to 0.25 s. Counted in samples, not blocks: how many 32 ms blocks
+    # the speech and the reply take depends on how fast this machine answers (a bound on the count of
+    # all blocks failed beside a busy loop, 303 against < 303), the silence held does not.
+    assert sum(long_blocks) >= 5.0 * 16000, (sum(long_blocks) / 16000, sizes[:40])
+    assert max(long_blocks) <= 0.3 * 16000, sorted(set(sizes))
+    assert sum(long_blocks) / len(long_blocks) >= 0.15 * 16000, sorted(set(sizes))  # few blocks: long ones
 
     events = daemon.events()
     wakes = [e.body.position for e in events if isinstance(e.body, ev.ListenWake)]
