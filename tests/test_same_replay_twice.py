@@ -59,7 +59,8 @@ def _what_happened(out: Path) -> tuple[list, list]:
 def test_a_recorded_session_replays_to_the_same_audio_and_log_twice(tmp_path):
     source = (SCENARIOS / "receipts.toml").read_text()
     scenario = tmp_path / "receipts.toml"
-    scenario.write_text('timing = "recorded"\n' + source.replace("../audio/", f"{SCENARIOS.parent / 'audio'}/"))
+    assert 'timing = "recorded"' in source  # (every scenario the tests replay is)
+    scenario.write_text(source.replace("../audio/", f"{SCENARIOS.parent / 'audio'}/"))
     one, two = _replay(scenario, tmp_path / "one"), _replay(scenario, tmp_path / "two")
     for name in ("mic.wav", "played.wav"):
         digests = {hashlib.sha256((out / name).read_bytes()).hexdigest() for out in (one, two)}
