@@ -258,3 +258,25 @@ def test_a_held_chunk_starts_exactly_at_its_position_and_not_sooner():
     assert buf.starts == [450] and buf.span("a") == (450, 550)
     buf.enqueue("b", ramp(7, 10), not_before=100)  # a position already past: at once
     assert (buf.pull(10) == ramp(7, 10)).all() and buf.starts[-1] == 640
+
+
+def test_a_waiting_buffer_hands_out_shared_silence_and_still_carries_out_every_request():
+    """While nothing plays, `pull` hands out one read-only silent block (the
+    audio callback of a waiting service allocates and measures nothing), yet
+    position counts on and a clear or pause asked for meanwhile is carried
+    out at the next pull, as before."""
+    buf = PlaybackBuffer(16000)
+    first, second = buf.pull(320), buf.pull(320)
+    assert first is second and not first.flags.writeable and not first.any()
+    assert buf.position == 640
+    buf.request_clear()
+    buf.pull(320)
+    assert buf.clear_count == 1 and buf.clears[-1] == 640
+    buf.request_pause()
+    buf.pull(320)
+    assert buf.paused and buf.pauses[-1] == 960
+    buf.request_resume()
+    buf.enqueue("a", np.full(100, 7, np.int16))
+    out = buf.pull(320)
+    assert out.flags.writeable and list(out[:100]) == [7] * 100 and not out[100:].any()
+    assert buf.span("a") == (1280, 1380) and not buf.paused

@@ -3,7 +3,7 @@ well: `voice run` in wake mode on the virtual devices, with `--record`.
 
 While the mic and the speaker are silent, the audio callback holds silent
 blocks back and hands them on together (voice.audio.silence_hold), so the
-event loop wakes a few times a second instead of 31. What the CPU figure
+event loop wakes about once a second instead of 31 times. What the CPU figure
 comes to is measured in benchmarks/live.py --idle-only (RESULTS.md); here,
 from the outside, on what `--record` wrote:
 
@@ -26,6 +26,7 @@ import pytest
 from voice.audio.recording import BLOCKS
 from voice.audio.wakeword import WakeWordDetector, detections_in
 from voice.log import events as ev
+from voice.service.daemon import HOLD_SILENCE_S
 
 from .audio_server import AudioServer
 from .conversation import AUDIO, LiveDaemon
@@ -55,12 +56,15 @@ def test_silence_reaches_the_listener_in_few_blocks_and_the_wake_word_is_heard_a
     sizes = [int(line) for line in (rec / BLOCKS).read_text().split()]
     long_blocks = [s for s in sizes if s > 2 * BLOCK]
     # Of the 8 s of silence before the wake word, all but the 2 s that start a hold (and a block at each
-    # end) arrive held, in blocks of up to 0.25 s. Counted in samples, not blocks: how many 32 ms blocks
-    # the speech and the reply take depends on how fast this machine answers (a bound on the count of
-    # all blocks failed beside a busy loop, 303 against < 303), the silence held does not.
+    # end) arrive held, in blocks of up to HOLD_SILENCE_S (1 s) and a device block, give or take what the
+    # 48 -> 16 kHz resampler carries from one hand-off to the next (up to 352 samples seen). Counted in samples,
+    # not blocks: how many 32 ms blocks the speech and the reply take depends on how fast this machine
+    # answers (a bound on the count of all blocks failed beside a busy loop, 303 against < 303), the
+    # silence held does not.
     assert sum(long_blocks) >= 5.0 * 16000, (sum(long_blocks) / 16000, sizes[:40])
-    assert max(long_blocks) <= 0.3 * 16000, sorted(set(sizes))
-    assert sum(long_blocks) / len(long_blocks) >= 0.15 * 16000, sorted(set(sizes))  # few blocks: long ones
+    assert max(long_blocks) <= HOLD_SILENCE_S * 16000 + 2 * BLOCK, sorted(set(sizes))
+    # few blocks, long ones: the loop wakes about once a second while the service waits
+    assert sum(long_blocks) / len(long_blocks) >= 0.6 * HOLD_SILENCE_S * 16000, sorted(set(sizes))
 
     events = daemon.events()
     wakes = [e.body.position for e in events if isinstance(e.body, ev.ListenWake)]

@@ -27,7 +27,7 @@ import numpy as np
 import soxr
 
 from voice.audio.device import MIC_RATE, OnMic
-from voice.audio.playback import PlaybackBuffer
+from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
 
 
@@ -108,10 +108,11 @@ class LiveDevice:
             # counts a block less as heard, never more.
             delay = time_info.outputBufferDacTime - time_info.currentTime
             self._last_block = (time.monotonic(), delay, frames) if 0 < delay < 1 else None
-            outdata[:, 0] = self.buffer.pull(frames)
-            played.append(outdata[:, 0].copy())
+            samples = self.buffer.pull(frames)  # never written again: the echo reference keeps it as it is
+            outdata[:, 0] = samples
+            played.append(samples)
             if hold is not None:
-                hold.played(played[-1])
+                hold.played(samples, silent=samples is silence(frames))
 
         def on_input(indata, frames, time_info, status) -> None:
             block = indata[:, 0].copy()

@@ -19,6 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 #: Positions of the newest pauses, resumes, clears and chunk starts kept (a
 #: service runs for weeks: diagnostics need the recent ones, not all).
@@ -28,6 +29,16 @@ import numpy as np
 
 
 _RELEASED = np.zeros(0, np.int16)
+
+
+@lru_cache(maxsize=8)
+def silence(n: int) -> np.ndarray:
+    """`n` samples of silence, one read-only array per length: what `pull`
+    hands out while nothing plays, so the audio callback of a waiting
+    service allocates nothing and can tell silence without measuring it."""
+    block = np.zeros(n, np.int16)
+    block.setflags(write=False)
+    return block
 
 
 @dataclass
@@ -134,7 +145,12 @@ class PlaybackBuffer:
             self._drop_requested |= set(keys)
 
     def pull(self, n: int) -> np.ndarray:
-        """The next `n` samples for the device (silence when idle)."""
+        """The next `n` samples for the device: a new array, or while nothing
+        is queued or asked for, the shared read-only `silence(n)`."""
+        with self._lock:
+            if not (self._queue or self._clear_requested or self._drop_requested) and self._pause_requested is None:
+                self.position += n  # the service waits: nothing to hand over, nothing changes
+                return silence(n)
         out = np.zeros(n, dtype=np.int16)
         changed = False
         handed = []

@@ -46,9 +46,10 @@ class SilenceHold:
         self._held: list[np.ndarray] = []
         self._held_samples = 0
 
-    def played(self, block: np.ndarray) -> None:
-        """A block handed to the speaker."""
-        self._played_quiet = self._played_quiet + len(block) if self._under_floor(block) else 0
+    def played(self, block: np.ndarray, *, silent: bool = False) -> None:
+        """A block handed to the speaker; `silent`: known to be digital
+        silence, so not measured (the callback's cost while the service waits)."""
+        self._played_quiet = self._played_quiet + len(block) if silent or self._under_floor(block) else 0
 
     def take(self, block: np.ndarray) -> list[np.ndarray]:
         """A mic block; returns the blocks to hand on now (none while it is held)."""

@@ -33,7 +33,7 @@ from voice.errors import Failed, UsageError, as_usage_error
 from voice.service.notify import notify, watchdog, watchdog_interval
 from voice.settings import Settings
 
-HOLD_SILENCE_S = 0.25  # the most a silent mic block waits while the service waits (4 loop wake-ups a second)
+HOLD_SILENCE_S = 1.0  # the most a silent mic block waits while the service waits (1 loop wake-up a second)
 
 
 def _open_device(settings: Settings, replay: Path | None):
@@ -53,7 +53,7 @@ def _open_device(settings: Settings, replay: Path | None):
 
     with as_usage_error(AudioUnavailable):
         # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms; silence held
-        # back up to 0.25 s while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
+        # back up to HOLD_SILENCE_S while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
         return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=32,
                           hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=LEVEL_FLOOR_DBFS - 6), None
 
