@@ -113,10 +113,10 @@ class EchoCanceller:
     def _residual_gate(self, cleaned: np.ndarray) -> np.ndarray:
         """The canceller's frame, or it 40 dB down when it is too quiet to be
         anything but what is left of the echo."""
-        recent = self._ref_levels[-ECHO_SPAN:]
-        if not recent or max(recent) < LOUD_REFERENCE:
+        loudest = max(self._ref_levels[-ECHO_SPAN:], default=0.0)
+        if loudest < LOUD_REFERENCE:
             return cleaned
-        echo_db = 20 * np.log10(max(recent)) + self._coupling_db
+        echo_db = 20 * np.log10(loudest) + self._coupling_db
         level = float(np.sqrt(np.mean(cleaned.astype(np.float64) ** 2)))
         if 20 * np.log10(level + 1e-3) >= echo_db - RESIDUAL_DB:
             return cleaned
