@@ -15,7 +15,10 @@
 - live acknowledgement: `voice run` with the scripted barge-in conversation
   (tests/live/conversation.py); the barge-in's onset in the mic feed to the
   last sample of the cut reply on `speaker.monitor`.
-- idle CPU of `voice run` listening to silence on the virtual devices.
+- idle CPU of `voice run` listening to silence on the virtual devices
+  (with --idle-only: in wake and open mode, and the floor under both, a bare
+  duplex stream like LiveDevice's that only plays silence, one after the
+  other in each round, so all three compare within one run).
 - voice-to-voice, live: `voice run` in wake mode ("Okay Nabu. What time is
   it?", each after the conversation window has closed) and in open mode
   ("What time is it?"), the scripted model answering at once with
@@ -188,6 +191,36 @@ def idle_cpu(server: AudioServer, work: Path, window: float, mode: str = "open")
             "threads_pct": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.05}}
 
 
+# The floor under idle CPU: the same duplex stream LiveDevice opens (the default devices, int16, mono, 32 ms
+# blocks at 48 kHz) with a callback that only writes silence, in a process of its own; CPU over the window.
+FLOOR_STREAM = """
+import os, sys, time
+import sounddevice as sd
+def callback(indata, outdata, frames, time_info, status):
+    outdata.fill(0)
+with sd.Stream(samplerate=48000, blocksize=48000 * 32 // 1000, channels=1, dtype="int16", callback=callback):
+    time.sleep(3.0)
+    c0, t0 = os.times(), time.monotonic()
+    time.sleep(float(sys.argv[1]))
+    c1, t1 = os.times(), time.monotonic()
+print((c1.user - c0.user + c1.system - c0.system) / (t1 - t0) * 100)
+"""
+
+
+def idle_floor(server: AudioServer, window: float) -> dict:
+    """CPU of a bare duplex stream like LiveDevice's that only plays silence:
+    what the audio stack (PortAudio's and PipeWire's threads) costs alone."""
+    import subprocess
+
+    load = os.getloadavg()[0]
+    out = subprocess.run([sys.executable, "-c", FLOOR_STREAM, str(window)], env=server.env, capture_output=True,
+                         text=True, timeout=window + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"the bare stream failed: {out.stderr[-1000:]}")
+    return {"idle_cpu_pct": float(out.stdout.split()[-1]), "idle_window_s": window, "load_avg_1min": load,
+            "threads_pct": {}}
+
+
 # -- voice-to-voice, live ------------------------------------------------------------------------
 
 V2V_REQUEST = {"wake": AUDIO / "okay_nabu_what_time.wav", "open": AUDIO / "what_time.wav"}
@@ -271,7 +304,8 @@ def main() -> int:
     ap.add_argument("--clicks", type=int, default=10)
     ap.add_argument("--conversations", type=int, default=3)
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of silence to measure idle CPU over")
-    ap.add_argument("--idle-only", action="store_true", help="only idle CPU, in open and wake mode, --repeat times")
+    ap.add_argument("--idle-only", action="store_true",
+                    help="only idle CPU, in wake and open mode and of a bare stream (the floor), --repeat times")
     ap.add_argument("--repeat", type=int, default=2, help="idle measurements per mode with --idle-only")
     ap.add_argument("--v2v", type=int, default=5, metavar="N", help="voice-to-voice requests per listen mode")
     ap.add_argument("--v2v-only", action="store_true", help="only voice-to-voice, in wake and open mode")
@@ -291,10 +325,13 @@ def main() -> int:
             args.json.write_text(json.dumps(runs, indent=2) + "\n")
         return 0
     if args.idle_only:
+        modes = ("wake", "open", "floor")  # the floor: the bare stream alone, measured between them (idle_floor)
         with AudioServer() as server:
-            runs = [idle_cpu(server, work / str(i), args.idle, mode) for i in range(args.repeat) for mode in ("wake", "open")]
+            runs = [idle_floor(server, args.idle) if mode == "floor" else idle_cpu(server, work / str(i), args.idle, mode)
+                    for i in range(args.repeat) for mode in modes]
         for i, r in enumerate(runs):
-            print(f"{('wake', 'open')[i % 2]:5} idle CPU {r['idle_cpu_pct']:.1f} % over {r['idle_window_s']:.0f} s "
+            r["mode"] = modes[i % len(modes)]
+            print(f"{r['mode']:5} idle CPU {r['idle_cpu_pct']:.1f} % over {r['idle_window_s']:.0f} s "
                   f"(load average {r['load_avg_1min']:.1f}); by thread: "
                   + ", ".join(f"{name} {pct:.2f}" for name, pct in r["threads_pct"].items()))
         if args.json:

@@ -106,6 +106,9 @@ def main() -> int:
     parser.add_argument("--pause-s", type=float, default=1.0, help="there: typing pause after each reply (default 1)")
     parser.add_argument("--csv", type=Path, help="there: the per-turn rows as CSV")
     parser.add_argument("--budget-min", type=float, help="there: start no turn after this many minutes")
+    parser.add_argument("--server-ram-cache", action="store_true",
+                        help="there: start the server with --cache true (llama-cpp-python keeps the KV state of "
+                             "earlier prompts in RAM, so a summary no longer evicts the conversation's prefix)")
     args = parser.parse_args()
     if reason := missing():
         print(f"benchmarks/llm_v2v.py: {reason}", file=sys.stderr)
@@ -163,13 +166,16 @@ def long_conversation_mode(args) -> int:
     import long_conversation as lc
 
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), n_ctx=max(1024, args.context_tokens)) as server:
+    with tempfile.TemporaryDirectory() as tmp, running_server(
+            Path(tmp), n_ctx=max(1024, args.context_tokens),
+            extra_args=("--cache", "true") if args.server_ram_cache else ()) as server:
         turns, stopped = anyio.run(lambda: lc.converse(
             server.base_url, server.model, server.log_path, Path(tmp), args.turns, context_tokens=args.context_tokens,
             pause_s=args.pause_s, budget_s=args.budget_min * 60 if args.budget_min else None,
             progress=lambda line: print(line, flush=True)))
         lc.attribute(turns, lc.server_requests(server.log_path.read_bytes()))
     result = {"mode": "long conversation (voice chat, typed)", "context_tokens": args.context_tokens,
+              "server_ram_cache": args.server_ram_cache,
               "pause_s": args.pause_s, "stopped_early": stopped, "machine": f"{os.cpu_count()} cores",
               "load_avg_at_start": load_start, "load_avg_at_end": os.getloadavg(),
               "summary": lc.summarize(turns) if turns else {}, "per_turn": [vars(t) for t in turns]}
@@ -178,7 +184,8 @@ def long_conversation_mode(args) -> int:
         f = s["first_char_ms"]
         print(f"{s['turns']} turns: first char p50 {f['p50']:.0f} ms p95 {f['p95']:.0f} max {f['max']:.0f}; slowest 5 % "
               f"{s['slowest_5pct_min_over_median']}-{max(s['slowest_5pct_ms']) / f['p50']:.1f}x the median; evaluated "
-              f"tokens p50 {s['evaluated_tokens']['p50']} p95 {s['evaluated_tokens']['p95']}; load {load_start} -> "
+              f"tokens p50 {s['evaluated_tokens']['p50']} p95 {s['evaluated_tokens']['p95']}; {s['idle_requests']} idle "
+              f"requests, the largest evaluated {s['idle_most_evaluated_tokens']} tokens; load {load_start} -> "
               f"{result['load_avg_at_end']}")
     if stopped:
         print(f"stopped early: {stopped}", file=sys.stderr)

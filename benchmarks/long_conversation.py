@@ -107,6 +107,7 @@ def attribute(turns: list[Turn], requests: list[ServerRequest]) -> None:
             "evaluated_before_first_char": sum(r.evaluated_tokens for r in before),
             "eval_ms_before_first_char": round(sum(r.prompt_eval_ms for r in before), 1),
             "requests_after_reply": len(after),
+            "most_evaluated_after_reply": max((r.evaluated_tokens for r in after), default=0),
         }
 
 
@@ -225,13 +226,17 @@ def summarize(all_turns: list[Turn]) -> dict:
         "evaluated_tokens": stats([r["evaluated_tokens"] for r in own]),
         "cached_tokens": stats([r["cached_tokens"] for r in own]),
         "turns_with_requests_before_first_char": sum(1 for t in turns if t.server.get("requests_before_first_char")),
+        # Idle work (summaries, warming, their slices): the most prompt one of its requests had the server
+        # evaluate, which is what a turn that came meanwhile could wait for (voice.agent.side_requests).
+        "idle_requests": sum(t.server.get("requests_after_reply", 0) for t in turns),
+        "idle_most_evaluated_tokens": max((t.server.get("most_evaluated_after_reply", 0) for t in turns), default=0),
     }
 
 
 def write_csv(turns: list[Turn], path: Path) -> None:
     cols = ["turn", "first_char_ms", "taken_ms", "reply_ms", "cached_tokens", "evaluated_tokens", "prompt_eval_ms",
             "requests_before_first_char", "evaluated_before_first_char", "eval_ms_before_first_char",
-            "requests_after_reply"]
+            "requests_after_reply", "most_evaluated_after_reply"]
     rows = [",".join(cols)]
     for t in turns:
         own = t.server.get("own") or {}
