@@ -191,14 +191,15 @@ def idle_cpu(server: AudioServer, work: Path, window: float, mode: str = "open")
             "threads_pct": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.05}}
 
 
-# The floor under idle CPU: the same duplex stream LiveDevice opens (the default devices, int16, mono, 32 ms
-# blocks at 48 kHz) with a callback that only writes silence, in a process of its own; CPU over the window.
+# The floor under idle CPU: the same duplex stream the daemon's LiveDevice opens (the default devices, int16, mono,
+# its blocks at the virtual devices' 48 kHz) with a callback that only writes silence, in a process of its own.
 FLOOR_STREAM = """
 import os, sys, time
 import sounddevice as sd
 def callback(indata, outdata, frames, time_info, status):
     outdata.fill(0)
-with sd.Stream(samplerate=48000, blocksize=48000 * 32 // 1000, channels=1, dtype="int16", callback=callback):
+with sd.Stream(samplerate=48000, blocksize=48000 * int(sys.argv[2]) // 1000, channels=1, dtype="int16",
+               callback=callback):
     time.sleep(3.0)
     c0, t0 = os.times(), time.monotonic()
     time.sleep(float(sys.argv[1]))
@@ -212,9 +213,11 @@ def idle_floor(server: AudioServer, window: float) -> dict:
     what the audio stack (PortAudio's and PipeWire's threads) costs alone."""
     import subprocess
 
+    from voice.service.daemon import DEVICE_BLOCK_MS
+
     load = os.getloadavg()[0]
-    out = subprocess.run([sys.executable, "-c", FLOOR_STREAM, str(window)], env=server.env, capture_output=True,
-                         text=True, timeout=window + 60)
+    out = subprocess.run([sys.executable, "-c", FLOOR_STREAM, str(window), str(DEVICE_BLOCK_MS)], env=server.env,
+                         capture_output=True, text=True, timeout=window + 60)
     if out.returncode != 0:
         raise RuntimeError(f"the bare stream failed: {out.stderr[-1000:]}")
     return {"idle_cpu_pct": float(out.stdout.split()[-1]), "idle_window_s": window, "load_avg_1min": load,
@@ -327,7 +330,8 @@ def main() -> int:
     if args.idle_only:
         modes = ("wake", "open", "floor")  # the floor: the bare stream alone, measured between them (idle_floor)
         with AudioServer() as server:
-            runs = [idle_floor(server, args.idle) if mode == "floor" else idle_cpu(server, work / str(i), args.idle, mode)
+            runs = [idle_floor(server, args.idle) if mode == "floor"
+                    else idle_cpu(server, work / str(i), args.idle, mode)
                     for i in range(args.repeat) for mode in modes]
         for i, r in enumerate(runs):
             r["mode"] = modes[i % len(modes)]

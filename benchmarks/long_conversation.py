@@ -226,8 +226,8 @@ def summarize(all_turns: list[Turn]) -> dict:
         "evaluated_tokens": stats([r["evaluated_tokens"] for r in own]),
         "cached_tokens": stats([r["cached_tokens"] for r in own]),
         "turns_with_requests_before_first_char": sum(1 for t in turns if t.server.get("requests_before_first_char")),
-        # Idle work (summaries, warming, their slices): the most prompt one of its requests had the server
-        # evaluate, which is what a turn that came meanwhile could wait for (voice.agent.side_requests).
+        # Idle work (summaries, cache warming): the most prompt one of its requests had the server evaluate,
+        # which is what a turn that came meanwhile could wait for: a server cannot stop an evaluation part-way.
         "idle_requests": sum(t.server.get("requests_after_reply", 0) for t in turns),
         "idle_most_evaluated_tokens": max((t.server.get("most_evaluated_after_reply", 0) for t in turns), default=0),
     }

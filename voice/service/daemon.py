@@ -34,6 +34,7 @@ from voice.service.notify import notify, watchdog, watchdog_interval
 from voice.settings import Settings
 
 HOLD_SILENCE_S = 1.0  # the most a silent mic block waits while the service waits (1 loop wake-up a second)
+DEVICE_BLOCK_MS = 32  # the sound card's block: Silero's 512-sample window at 16 kHz
 
 
 def _open_device(settings: Settings, replay: Path | None):
@@ -54,7 +55,7 @@ def _open_device(settings: Settings, replay: Path | None):
     with as_usage_error(AudioUnavailable):
         # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms; silence held
         # back up to HOLD_SILENCE_S while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
-        return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=32,
+        return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=DEVICE_BLOCK_MS,
                           hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=LEVEL_FLOOR_DBFS - 6), None
 
 
