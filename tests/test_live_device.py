@@ -458,3 +458,41 @@ async def test_nothing_is_held_while_the_speaker_plays_or_for_2_s_after(fake_sd)
     sizes = [len(b) // 2 for b in mic]
     assert sizes[:220] == [320] * 220  # the reply's 120 blocks, then 2 s of the speaker's silence
     assert min(sizes[220:-1]) > 320
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("rate", [16000.0, 44100.0, 48000.0])
+async def test_held_silence_comes_in_blocks_that_a_recording_of_it_replays_with(fake_sd, tmp_path, rate):
+    """#35: with `voice run`'s own block and hold, a quiet stretch reached the
+    listener (and mic_blocks.txt) as blocks of a second and more, which the
+    scenario loader refused ("block sizes must be from 1 to 16000 samples"),
+    so a recording with a quiet second never replayed. The device's blocks,
+    as recorded, must load."""
+    from voice.audio.recording import BLOCKS, Recorder
+    from voice.service.daemon import DEVICE_BLOCK_MS, HOLD_SILENCE_S
+    from voice.service.scenario import load_scenario
+
+    blocks = round(6 * 1000 / DEVICE_BLOCK_MS)  # 6 s of silence
+    sd = fake_sd(rate, rate, blocks=blocks, mic=quiet_but_one(set()))
+    dev = LiveDevice(block_ms=DEVICE_BLOCK_MS, hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=-66.0)
+    rec = tmp_path / "rec"
+    recorder = Recorder.to_directory(rec)  # as `voice run --record` writes mic.wav and mic_blocks.txt
+    sizes: list[int] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        sizes.append(len(data) // 2)
+        recorder.add(data, reference)
+
+    # (the last second may still be held when the stream stops)
+    await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and sum(sizes) >= 4.5 * 16000)
+    recorder.close()
+    assert max(sizes) > 16000, sizes  # held: a second of silence and the block that ended it, as one
+    (rec / "scenario.toml").write_text(f'timing = "recorded"\nmic_blocks = "{BLOCKS}"\n'
+                                       '[[user]]\naudio = "mic.wav"\nat = 0.0\n')
+    assert load_scenario(rec / "scenario.toml").blocks == tuple(n for n in sizes if n)
+
+
+def test_a_hold_that_would_make_blocks_no_recording_can_replay_is_refused():
+    with pytest.raises(ValueError, match=r"hold_silence_s = 2.5 with 32 ms blocks makes mic blocks of up to 2.564 s, "
+                                         r"over the 2 s a block may be"):
+        LiveDevice(block_ms=32, hold_silence_s=2.5)

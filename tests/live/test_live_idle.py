@@ -12,11 +12,17 @@ from the outside, on what `--record` wrote:
   least 5 s of the 8 s before the wake word;
 - "Okay Nabu, what time is it?" said after seconds of silence is still
   answered, the wake word found within a block of where the always-on
-  detector finds it in the recorded mic, and the request whole.
+  detector finds it in the recorded mic, and the request whole;
+- the recording, made with every default a person has (wake mode, the
+  idle hold, seconds of silence longer than the hold), replays with
+  `voice replay` to the same turns (#35: its held blocks, longer than a
+  second with the block that ended them, were refused by the loader).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import wave
 
@@ -28,8 +34,10 @@ from voice.audio.wakeword import WakeWordDetector, detections_in
 from voice.log import events as ev
 from voice.service.daemon import HOLD_SILENCE_S
 
+from replayed import assert_same_outcome, read_session
+
 from .audio_server import AudioServer
-from .conversation import AUDIO, LiveDaemon
+from .conversation import AUDIO, ROOT, LiveDaemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -76,3 +84,13 @@ def test_silence_reaches_the_listener_in_few_blocks_and_the_wake_word_is_heard_a
     requests = [line for line in daemon.out if line.startswith("you:")]
     assert requests and "time" in requests[0].lower(), log
     assert daemon.replies() == ["assistant: It is noon."], log
+
+    # The recording replays, held blocks and all, to the same turns.
+    assert max(sizes) > 16000, sorted(set(sizes))  # a held second and the block that ended it: one block
+    out = tmp_path / "replayed"
+    done = subprocess.run([sys.executable, "-m", "voice", "replay", str(rec / "scenario.toml"), "--out", str(out)],
+                          cwd=ROOT, env=daemon.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    recorded, replayed = read_session(rec / "events.db"), read_session(out / "events.db")
+    assert [t.outcome for t in recorded.turns] == ["completed"], recorded
+    assert_same_outcome(recorded, replayed)

@@ -15,6 +15,12 @@ from typing import Protocol
 from voice.audio.playback import PlaybackBuffer
 
 MIC_RATE = 16000
+# The longest mic block a device hands on, in samples at MIC_RATE (2 s). A sound card
+# delivers tens of milliseconds at a time, but silence held back while the service
+# waits (voice.audio.silence_hold) comes on as one block: up to a second of it joined
+# with the block that ended it. Recordings keep blocks as delivered (mic_blocks.txt)
+# and the scenario loader accepts exactly these: this is the one definition of both.
+MAX_MIC_BLOCK = 2 * MIC_RATE
 OnMic = Callable[[bytes, bytes], Awaitable[None]]
 
 

@@ -26,7 +26,7 @@ import anyio
 import numpy as np
 import soxr
 
-from voice.audio.device import MIC_RATE, OnMic
+from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, OnMic
 from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
 
@@ -54,6 +54,12 @@ class LiveDevice:
     _names: tuple[str, str] = ("", "")
 
     def __post_init__(self) -> None:
+        # Held silence and the block that ends it leave as one block: it must stay a block a
+        # recording of it can be replayed with (voice.audio.device.MAX_MIC_BLOCK).
+        longest_s = self.hold_silence_s + 2 * self.block_ms / 1000
+        if longest_s * MIC_RATE > MAX_MIC_BLOCK:
+            raise ValueError(f"hold_silence_s = {self.hold_silence_s} with {self.block_ms} ms blocks makes mic blocks "
+                             f"of up to {longest_s:g} s, over the {MAX_MIC_BLOCK / MIC_RATE:g} s a block may be")
         try:
             import sounddevice as sd
         except OSError as exc:  # the PortAudio library is missing

@@ -71,6 +71,7 @@ import numpy as np
 
 from voice.agent.providers.scripted import (DAY_S, ScriptedProvider, ScriptedReply, checked_number,
                                             load_script, parse_replies)
+from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE
 from voice.audio.replay_device import EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 from voice.speech.stt import STT_MODELS
@@ -148,7 +149,6 @@ class Scenario:
         return ScriptedProvider(list(self.replies or ()), name=self.path.name, clock=clock)
 
 
-MAX_BLOCK = 16_000  # samples in one recorded mic block (1 s)
 # [echo] value ranges: what a room and a laptop's speaker and mic can do
 _ECHO_RANGES = {"delay_ms": (0.0, 1000.0), "gain_db": (-120.0, 20.0), "reverb_s": (0.0, 10.0),
                 "noise_db": (-150.0, 0.0)}
@@ -303,6 +303,7 @@ def _blocks(path: Path, name: str | None) -> tuple[int, ...]:
         raise ValueError(f"scenario {path}: mic_blocks {name}: {exc.strerror or exc}") from None
     except ValueError:
         raise ValueError(f"scenario {path}: mic_blocks {name} must hold one block size (samples) a line") from None
-    if any(not 0 < n <= MAX_BLOCK for n in sizes):  # a sound card delivers tens of milliseconds at a time
-        raise ValueError(f"scenario {path}: mic_blocks {name}: block sizes must be from 1 to {MAX_BLOCK} samples")
+    if any(not 0 < n <= MAX_MIC_BLOCK for n in sizes):  # what a device hands on (voice.audio.device)
+        raise ValueError(f"scenario {path}: mic_blocks {name}: block sizes must be from 1 to {MAX_MIC_BLOCK} samples "
+                         f"({MAX_MIC_BLOCK / MIC_RATE:g} s at {MIC_RATE} Hz)")
     return sizes
