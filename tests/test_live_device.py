@@ -30,24 +30,42 @@ class FakePortAudioError(Exception):
 
 
 class FakeSD:
-    """What LiveDevice uses of sounddevice: query_devices and three stream
-    classes. Every stream runs `blocks` callbacks then stops calling."""
+    """What LiveDevice uses of sounddevice: query_devices, three stream
+    classes, and PortAudio's re-initialisation (counted). Every stream runs
+    `blocks` callbacks then stops calling (`blocks` a list: the n-th stream
+    of its kind runs the n-th count, the last for any after it); with
+    `ends`, it then ends on its own (PortAudio's finished callback, as
+    after an error). `status(i)` gives block i's status flags. `wedged`:
+    a stopped stream's stop() never returns (PortAudio #1037) until the
+    test sets `unwedge`. `open_errors`: that many openings fail (the audio
+    server is still gone)."""
 
     def __init__(
         self,
         in_rate: float = 16000.0,
         out_rate: float = 16000.0,
         *,
-        blocks: int = 40,
+        blocks: int | list[int] = 40,
         out_latency: float = 0.05,
         query_error: Exception | None = None,
         mic=None,
+        ends: bool = False,
+        status=None,
+        wedged: bool = False,
+        open_errors: int = 0,
     ):
         self.in_rate, self.out_rate = in_rate, out_rate
         self.mic = mic or mic_block  # (block index, frames) -> that block's mic samples
         self.blocks = blocks
         self.out_latency = out_latency
         self.query_error = query_error
+        self.ends = ends
+        self.status = status or (lambda i: None)
+        self.wedged = wedged
+        self.unwedge = threading.Event()
+        self.open_errors = open_errors
+        self.failed_opens = 0
+        self.terminated = self.initialized = 0
         self.queries: list[tuple] = []
         self.streams: list[FakeStream] = []
         #: block index -> Event the stream thread waits for before that block
@@ -72,6 +90,26 @@ class FakeSD:
         self.module.Stream = Stream
         self.module.InputStream = InputStream
         self.module.OutputStream = OutputStream
+        self.module._initialized = 1
+        self.module._last_callback = None
+        self.module._terminate = self._terminate
+        self.module._initialize = self._initialize
+
+    def _terminate(self) -> None:
+        assert not [s for s in self.streams if not s.closed], "PortAudio terminated with a stream open"
+        self.terminated += 1
+
+    def _initialize(self) -> None:
+        self.initialized += 1
+
+    def blocks_of(self, kind: str) -> int:
+        if isinstance(self.blocks, int):
+            return self.blocks
+        n = sum(1 for s in self.streams if s.kind == kind) - 1
+        return self.blocks[min(n, len(self.blocks) - 1)]
+
+    def of_kind(self, kind: str) -> list[FakeStream]:
+        return [s for s in self.streams if s.kind == kind]
 
     def query_devices(self, device=None, kind=None):
         self.queries.append((device, kind))
@@ -83,6 +121,12 @@ class FakeSD:
     def stream(self, kind: str) -> FakeStream:
         [s] = [s for s in self.streams if s.kind == kind]
         return s
+
+    def opening(self) -> None:
+        """A stream is being made: fails while the server is gone."""
+        if self.failed_opens < self.open_errors:
+            self.failed_opens += 1
+            raise FakePortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
 
 
 def mic_block(index: int, frames: int) -> np.ndarray:
@@ -99,6 +143,7 @@ class FakeStream:
     callback: object
     channels: int
     dtype: str
+    finished_callback: object = None
     kind: str = "?"
     started: bool = False
     stopped: bool = False
@@ -112,7 +157,9 @@ class FakeStream:
     _thread: threading.Thread | None = None
 
     def __post_init__(self) -> None:
+        self.sd.opening()
         self.sd.streams.append(self)
+        self.blocks = self.sd.blocks_of(self.kind)
 
     @property
     def latency(self):
@@ -130,8 +177,9 @@ class FakeStream:
 
     def _run(self) -> None:
         frames = self.blocksize
+        ended = False
         try:
-            for i in range(self.sd.blocks):
+            for i in range(self.blocks):
                 gate = self.sd.gates.get(i)
                 if gate is not None and not gate.wait(timeout=5):
                     raise TimeoutError(f"gate {i} never opened")
@@ -141,22 +189,26 @@ class FakeStream:
                 info = FakeTime(t, t + 0.05, t)
                 indata = self.sd.mic(i, frames).astype(np.int16).reshape(frames, 1)
                 outdata = np.full((frames, 1), -12345, dtype=np.int16)  # garbage, as a real device gives
+                status = self.sd.status(i)
                 if self.kind == "duplex":
-                    self.callback(indata, outdata, frames, info, None)
+                    self.callback(indata, outdata, frames, info, status)
                 elif self.kind == "input":
-                    self.callback(indata, frames, info, None)
+                    self.callback(indata, frames, info, status)
                 else:
-                    self.callback(outdata, frames, info, None)
+                    self.callback(outdata, frames, info, status)
                 if self.kind != "output":
                     self.inputs.append(indata[:, 0].copy())
                 if self.kind != "input":
                     self.outputs.append(outdata.copy())
                 self.calls += 1
                 time.sleep(0.0005)  # a tiny yield, not real time
+            ended = self.sd.ends and not self._halt.is_set()
         except BaseException as exc:  # surfaced by the tests
             self.errors.append(exc)
         finally:
             self.finished.set()
+        if ended and self.finished_callback is not None:
+            self.finished_callback()
 
     def stop(self) -> None:
         self.stopped = True
@@ -165,6 +217,9 @@ class FakeStream:
             g.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.sd.wedged:  # PortAudio's callback thread never ends: neither does its stop
+            self.wedge_waits = True
+            self.sd.unwedge.wait(30)
 
     def close(self) -> None:
         assert self.stopped, "closed before stopped"
