@@ -551,3 +551,162 @@ def test_a_hold_that_would_make_blocks_no_recording_can_replay_is_refused():
     with pytest.raises(ValueError, match=r"hold_silence_s = 2.5 with 32 ms blocks makes mic blocks of up to 2.564 s, "
                                          r"over the 2 s a block may be"):
         LiveDevice(block_ms=32, hold_silence_s=2.5)
+
+
+# -- a lost stream, told and reopened (issue #36; voice.audio.stream_life) -----------------------
+
+
+async def run_telling(dev: LiveDevice, on_mic, condition, *, timeout: float = 10.0) -> list:
+    """Run the device with an `on_audio` that keeps what it is told, until `condition(told)`."""
+    told: list = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dev.run, on_mic, told.append)
+        with anyio.fail_after(timeout):
+            while not condition(told):
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+    return told
+
+
+def kinds(told: list) -> list[str]:
+    return [type(t).__name__ for t in told]
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_stops_calling_is_lost_within_a_second_then_reopened_with_portaudio_refreshed(fake_sd):
+    from voice.audio.device import AudioBack, AudioLost
+
+    sd = fake_sd(16000.0, 16000.0, blocks=[20, 1000])  # the first stream goes silent after 20 blocks
+    dev = LiveDevice()
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+
+    t0 = time.monotonic()
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2 and len(mic) >= 30)
+    first, second = sd.of_kind("duplex")
+    assert kinds(told) == ["AudioLost", "AudioBack"], told
+    lost, back = told
+    assert isinstance(lost, AudioLost) and "stopped calling back" in lost.reason, lost
+    assert isinstance(back, AudioBack) and back.attempts == 1 and back.devices == dev.describe()
+    assert back.after_s < 1.0, back  # 10 blocks (0.2 s) to know, 0.2 s back-off, then the first mic block
+    assert first.stopped and first.closed and first.calls == 20
+    assert sd.terminated == sd.initialized == 1  # a fresh device list, with nothing of ours open
+    assert second.started and second.stopped and second.closed  # (closed by the cancellation)
+    assert len(mic) >= 30 and time.monotonic() - t0 < 5
+    assert dev.audio_lost() is None
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_ends_on_its_own_is_lost(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=[5, 1000], ends=True)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert told[0].reason == "the stream ended on its own"
+    assert len(sd.of_kind("duplex")) == 2
+
+
+@pytest.mark.anyio
+async def test_errors_on_every_block_are_a_loss_and_an_xrun_now_and_then_is_not(fake_sd):
+    flagged = {i for i in range(3, 200) if i % 7 == 0} | set(range(100, 115))  # xruns, then an error on every block
+    sd = fake_sd(16000.0, 16000.0, blocks=[400, 1000], status=lambda i: "output underflow" if i in flagged else None)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert "reported errors on 10 blocks in a row" in told[0].reason, told[0]
+    assert sd.of_kind("duplex")[0].calls == 110  # not at the scattered xruns before block 100
+
+
+@pytest.mark.anyio
+async def test_reopening_retries_with_back_off_while_the_server_is_gone_and_counts_for_the_watchdog(fake_sd):
+    sd = fake_sd(48000.0, 16000.0, blocks=[10, 1000])
+    dev = LiveDevice()
+    seen: list = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    async def watch_state() -> None:
+        while True:
+            seen.append(dev.audio_lost())
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg:
+        told: list = []
+        tg.start_soon(dev.run, on_mic, told.append)
+        tg.start_soon(watch_state)
+        with anyio.fail_after(5):
+            while not told:
+                await anyio.sleep(0.002)
+        sd.open_errors = 3  # the server is still gone: 0.2 + 0.2 + 0.4 + 0.8 s of tries
+        t_lost = time.monotonic()
+        with anyio.fail_after(10):
+            while len(told) < 2:
+                await anyio.sleep(0.002)
+        t_back = time.monotonic()
+        tg.cancel_scope.cancel()
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert told[1].attempts == 4, told[1]
+    assert 1.4 <= t_back - t_lost < 3.0, t_back - t_lost
+    assert dev.retries >= 4  # each loss and each try moves it (voice.service.daemon feeds the watchdog by it)
+    during = [s for s in seen if s is not None]
+    assert during and during[-1]["attempts"] == 3 and "Device unavailable" in during[-1]["error"], during[-1]
+    assert during[-1]["reason"] == told[0].reason
+    # separate input and output streams, both reopened
+    assert len(sd.of_kind("input")) == len(sd.of_kind("output")) == 2
+
+
+@pytest.mark.anyio
+async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_terminated_under_it(fake_sd):
+    """PortAudio 19.6 (#1037): the stream of a dead audio server cannot be
+    stopped. Its closing is given up after a second; the device reopens
+    without re-initialising PortAudio (which would close it, and hang)."""
+    sd = fake_sd(16000.0, 16000.0, blocks=[10, 1000], wedged=True)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    try:
+        t0 = time.monotonic()
+        told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+        assert kinds(told) == ["AudioLost", "AudioBack"]
+        assert time.monotonic() - t0 < 3
+        assert sd.terminated == sd.initialized == 0
+        assert sd.module._initialized == 0  # sounddevice's exit handler will not terminate PortAudio either
+        assert len(sd.of_kind("duplex")) == 2
+    finally:
+        sd.unwedge.set()
+
+
+@pytest.mark.anyio
+async def test_after_a_loss_nothing_more_is_pulled_and_heard_to_is_what_had_left_the_device(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=[20, 1000])
+    dev = LiveDevice()
+    dev.buffer.enqueue("s", np.arange(1, 30001, dtype=np.int16))
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        told: list = []
+        tg.start_soon(dev.run, on_mic, told.append)
+        with anyio.fail_after(5):
+            while not told:
+                await anyio.sleep(0.002)
+        position = dev.buffer.position
+        tg.cancel_scope.cancel()
+    (lost,) = told
+    assert position == dev.buffer.handed("s") == 20 * 320  # nothing was pulled after the stall
+    # the last block's 320 samples and its 50 ms DAC delay were still in the device when it stopped
+    assert lost.heard_to == 20 * 320 - 320 - 800
