@@ -648,7 +648,7 @@ async def test_reopening_retries_with_back_off_while_the_server_is_gone_and_coun
         with anyio.fail_after(5):
             while not told:
                 await anyio.sleep(0.002)
-        sd.open_errors = 3  # the server is still gone: 0.2 + 0.2 + 0.4 + 0.8 s of tries
+        sd.open_errors = 3  # the server is still gone: tries after 0.2, 0.4, 0.8 and 1.6 s
         t_lost = time.monotonic()
         with anyio.fail_after(10):
             while len(told) < 2:
@@ -657,7 +657,7 @@ async def test_reopening_retries_with_back_off_while_the_server_is_gone_and_coun
         tg.cancel_scope.cancel()
     assert kinds(told) == ["AudioLost", "AudioBack"]
     assert told[1].attempts == 4, told[1]
-    assert 1.4 <= t_back - t_lost < 3.0, t_back - t_lost
+    assert 2.9 <= t_back - t_lost < 4.5, t_back - t_lost
     assert dev.retries >= 4  # each loss and each try moves it (voice.service.daemon feeds the watchdog by it)
     during = [s for s in seen if s is not None]
     assert during and during[-1]["attempts"] == 3 and "Device unavailable" in during[-1]["error"], during[-1]

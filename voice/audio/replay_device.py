@@ -137,6 +137,9 @@ class ReplayDevice:
     def output_latency(self) -> int:
         return 0
 
+    def audio_lost(self) -> None:
+        return None  # a scenario's sound card never goes away
+
     def describe(self) -> str:
         return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
 
