@@ -667,10 +667,15 @@ async def test_reopening_retries_with_back_off_while_the_server_is_gone_and_coun
 
 
 @pytest.mark.anyio
-async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_terminated_under_it(fake_sd):
+async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_terminated_under_it(fake_sd, monkeypatch,
+                                                                                                 capsys):
     """PortAudio 19.6 (#1037): the stream of a dead audio server cannot be
     stopped. Its closing is given up after a second; the device reopens
     without re-initialising PortAudio (which would close it, and hang)."""
+    import voice.audio.stream_life as life
+
+    silenced: list[bool] = []
+    monkeypatch.setattr(life, "_silence_c_stderr", lambda: silenced.append(True))
     sd = fake_sd(16000.0, 16000.0, blocks=[10, 1000], wedged=True)
     dev = LiveDevice()
 
@@ -685,6 +690,8 @@ async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_te
         assert sd.terminated == sd.initialized == 0
         assert sd.module._initialized == 0  # sounddevice's exit handler will not terminate PortAudio either
         assert len(sd.of_kind("duplex")) == 2
+        assert silenced  # the wedged thread's endless messages (the reopened one wedges too, as it is cancelled)
+        assert "cannot be closed (a PortAudio 19.6 bug" in capsys.readouterr().err
     finally:
         sd.unwedge.set()
 

@@ -141,8 +141,10 @@ class LiveDevice:
                 with anyio.CancelScope(shield=True):
                     closed = await close_streams(streams, self._wedged)
                 if not closed:
-                    for s in streams:
-                        forget_wedged(sd, s)
+                    forget_wedged(sd, streams, watch.threads if watch is not None else set())
+                    print("voice: warning: the lost audio stream cannot be closed (a PortAudio 19.6 bug, "
+                          "PortAudio #1037): its thread is left at idle priority and PortAudio's messages are "
+                          "silenced; restart the service to free it", file=sys.stderr, flush=True)
                 self._last_block = None
             # The streams are lost (a cancellation does not come here): reopen them.
             self.retries += 1

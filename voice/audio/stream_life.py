@@ -22,10 +22,19 @@ only while no stream of ours is open: Pa_Terminate closes every open
 stream, and would hang on a wedged one. A wedged stream leaves the default
 devices as named at start-up ("default" on ALSA, which follows the audio
 server's default), which is what a PipeWire or PulseAudio system uses.
+
+A wedged stream's thread goes on looping: it is moved to SCHED_IDLE (it
+runs only when nothing else wants the CPU), and C stdio's `stderr`, which
+it prints to some 380,000 lines a second, is pointed at /dev/null (file
+descriptor 2 stays as it is: Python's own stderr, and so every line of
+ours, goes on). Only a fixed PortAudio, or streams in a child process that
+can be killed, would end it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +74,7 @@ class StreamWatch:
     lock: threading.Lock = field(default_factory=threading.Lock)
     lost: str | None = None
     closing: bool = False  # we are stopping them: their ending is ours
+    threads: set[int] = field(default_factory=set)  # the native ids of the threads that call back
     _last: dict[str, float] = field(default_factory=dict)
     _flagged: dict[str, int] = field(default_factory=dict)
     _ended: str | None = None
@@ -79,6 +89,7 @@ class StreamWatch:
         False once the streams are lost: hand nothing over."""
         self._last[role] = time.monotonic()
         self._flagged[role] = self._flagged[role] + 1 if status else 0
+        self.threads.add(threading.get_native_id())
         return self.lost is None
 
     def ended(self) -> None:
@@ -150,10 +161,34 @@ def refresh_portaudio(sd, wedged: list) -> bool:
     return True
 
 
-def forget_wedged(sd, stream) -> None:
-    """sounddevice's exit handler stops the newest stream and terminates
-    PortAudio: with a wedged stream both would hang the process at exit."""
+def forget_wedged(sd, streams: list, threads: set[int]) -> None:
+    """Leave wedged `streams` (their callbacks ran in `threads`) as they
+    are: see the module's docstring."""
+    # sounddevice's exit handler stops the newest stream and terminates PortAudio:
+    # with a wedged stream both would hang the process at exit.
     last = getattr(sd, "_last_callback", None)
-    if last is not None and getattr(last, "stream", None) is stream:
+    if last is not None and getattr(last, "stream", None) in streams:
         sd._last_callback = None
-    sd._initialized = 0  # (so the exit handler does not call Pa_Terminate)
+    sd._initialized = 0
+    for tid in threads:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:  # it has ended after all
+            pass
+    _silence_c_stderr()
+
+
+_c_stderr_silenced = False
+
+
+def _silence_c_stderr() -> None:
+    """Point C stdio's `stderr` at /dev/null, once (fd 2 is left alone)."""
+    global _c_stderr_silenced
+    if _c_stderr_silenced:
+        return
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    null = libc.fopen(os.devnull.encode(), b"w")
+    if null:
+        ctypes.c_void_p.in_dll(libc, "stderr").value = null
+        _c_stderr_silenced = True
