@@ -124,6 +124,8 @@ class LiveDevice:
             watch = None
             try:
                 try:
+                    if self._ever_opened:  # PortAudio's device list as the system has it now (each try: one
+                        refresh_portaudio(sd, self._wedged)  # made while the server was away is empty)
                     watch, receive, deliver = self._open(sd, streams, first=not self._ever_opened)
                 except (sd.PortAudioError, ValueError, AudioUnavailable) as exc:
                     if not self._ever_opened:
@@ -134,7 +136,7 @@ class LiveDevice:
                     await anyio.sleep(backoff.next())
                     continue
                 self._ever_opened = True
-                lost = await self._stream(watch, receive, deliver, on_mic, tell)
+                await self._stream(watch, receive, deliver, on_mic, tell)
             finally:
                 if watch is not None:
                     watch.closing = True
@@ -148,15 +150,12 @@ class LiveDevice:
                 self._last_block = None
             # The streams are lost (a cancellation does not come here): reopen them.
             self.retries += 1
-            if self._lost is None:
-                self._lost = {"since": time.monotonic(), "reason": lost.reason, "attempts": 0, "error": None}
-                tell(lost)
             backoff = Backoff()
-            refresh_portaudio(sd, self._wedged)  # a new device list, unless a wedged stream forbids it
             await anyio.sleep(backoff.next())
 
-    async def _stream(self, watch: StreamWatch, receive, deliver, on_mic: OnMic, tell) -> AudioLost:
-        """Hand mic blocks on until the streams are lost."""
+    async def _stream(self, watch: StreamWatch, receive, deliver, on_mic: OnMic, tell) -> None:
+        """Hand mic blocks on until the streams are lost (told at once, before
+        they are closed)."""
         async with receive:
             while True:
                 blocks = None
@@ -173,7 +172,10 @@ class LiveDevice:
                 if found is not None:
                     reason, stopped = found
                     heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
-                    return AudioLost(reason, heard_to)
+                    if self._lost is None:  # (lost again before it was back: the same loss)
+                        self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None}
+                        tell(AudioLost(reason, heard_to))
+                    return
 
     def _unplayed_at(self, t: float) -> int:
         """Samples handed to the device and not out of it at time `t`."""
