@@ -11,13 +11,18 @@ What the person relies on, checked from the outside:
   (reason audio_lost; no `user/stop`, no new turn) and its delivered words
   are within one of what `speaker.monitor` recorded before the server died
   (an independent transcriber listens);
-- the log says `audio/lost` and `audio/back`; the transcript has a notice.
+- the log says `audio/lost` and `audio/back`; the transcript has a notice;
+  while the server is away `voice ctl status` says `audio: lost N s ago,
+  retrying (…)`.
 
 Its own module: the audio server it kills is the module's.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -28,7 +33,7 @@ from voice.log.projections import turn_reply
 from voice.log.store import EventStore
 
 from .audio_server import AudioServer
-from .conversation import AUDIO, FIRST, SECOND, LiveDaemon, first_loud, write_wav
+from .conversation import AUDIO, FIRST, ROOT, SECOND, LiveDaemon, first_loud, write_wav
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -53,7 +58,10 @@ def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_
         killed_at = time.monotonic()
         speaker.stop()  # (parecord ended with the server: what it recorded is what played)
         before = speaker.samples()
-        time.sleep(DOWN_S)
+        time.sleep(DOWN_S / 2)
+        status = subprocess.run([sys.executable, "-m", "voice", "ctl", "status"], cwd=ROOT, env=daemon.env,
+                                capture_output=True, text=True, timeout=30)
+        time.sleep(max(0.0, killed_at + DOWN_S - time.monotonic()))
         audio.restart_server()
         back_at = time.monotonic()
         after = audio.record("speaker.monitor")
@@ -75,6 +83,8 @@ def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_
             write_wav(tmp_path / "speaker_after.wav", after.samples())
     log = daemon.log()
     assert rc == 0, log
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^audio: lost \d+ s ago, retrying \(.+\)$", status.stdout, re.M), status.stdout
 
     # -- the log ---------------------------------------------------------------------------
     events = daemon.events()
