@@ -29,7 +29,7 @@ import soxr
 from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic
 from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
-from voice.audio.stream_life import (Backoff, StreamWatch, close_streams, forget_wedged, refresh_portaudio)
+from voice.audio.stream_life import CHECK_S, Backoff, StreamWatch, close_streams, forget_wedged, refresh_portaudio
 
 
 class AudioUnavailable(RuntimeError):
@@ -159,7 +159,7 @@ class LiveDevice:
         async with receive:
             while True:
                 blocks = None
-                with anyio.move_on_after(watch.block_s):
+                with anyio.move_on_after(CHECK_S):
                     blocks = await receive.receive()
                 if blocks is not None:
                     if self._lost is not None:  # mic audio again: the device is back

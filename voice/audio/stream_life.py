@@ -7,7 +7,8 @@ unplugged). A stream is *lost* when it stops calling back for
 error, or our callback raised), or flags every one of `FLAGGED_BLOCKS`
 blocks in a row (an xrun now and then is not a loss). The callbacks stamp
 a `StreamWatch`; the event loop reads it after every mic block and every
-block period without one.
+`CHECK_S` without one (not every block period: while the service waits,
+silence comes once a second, and the loop should wake as seldom).
 
 Measured on PipeWire with PortAudio 19.6 (Debian 12's libportaudio2): when
 the server dies under a duplex or output stream, PortAudio's ALSA callback
@@ -44,6 +45,7 @@ import anyio
 
 STALL_BLOCKS = 10  # no callback for this many block periods: the stream is lost
 FLAGGED_BLOCKS = 10  # this many flagged callbacks in a row (xruns on every block): lost
+CHECK_S = 0.25  # the loop looks at the watch at least this often: a stall is known within 0.6 s
 CLOSE_BOUND_S = 1.0  # a stream that has not closed by then is wedged (see above)
 BACKOFF_FIRST_S = 0.2  # the first retry after a loss; each failed one doubles it,
 BACKOFF_MAX_S = 5.0  # up to this, for as long as it takes
