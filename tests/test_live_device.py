@@ -624,7 +624,8 @@ async def test_errors_on_every_block_are_a_loss_and_an_xrun_now_and_then_is_not(
     told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
     assert kinds(told) == ["AudioLost", "AudioBack"]
     assert "reported errors on 10 blocks in a row" in told[0].reason, told[0]
-    assert 110 <= sd.of_kind("duplex")[0].calls < 400  # not at the scattered xruns before block 100 (it calls on until closed)
+    # not at the scattered xruns before block 100 (and it calls on until it is closed)
+    assert 110 <= sd.of_kind("duplex")[0].calls < 400
 
 
 @pytest.mark.anyio

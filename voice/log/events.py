@@ -31,9 +31,9 @@ from typing import Any, Final
 # The bodies live by family in voice.log.bodies; this module is the one to import them from.
 from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAIToolCall, Route, TimedDelta, blocks_text,
                                    optional)
-from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, LateOutput, ListenControl, ListenSpeech, ListenWake, ListenWindow,
-                                     SpeechCleared, SpeechConfirmed, SpeechPaused, SpeechPlayed, SpeechResumed,
-                                     SpeechSentence)
+from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, LateOutput, ListenControl, ListenSpeech,
+                                     ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed, SpeechPaused,
+                                     SpeechPlayed, SpeechResumed, SpeechSentence)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
