@@ -21,9 +21,14 @@ Its own module: the audio server it kills is the module's.
 from __future__ import annotations
 
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -42,9 +47,40 @@ DOWN_S = 3.0  # the server is away this long
 BACK_WITHIN_S = 15.0  # from the server's return to the service hearing again (back-off at most 5 s)
 
 
-def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_path):
+class Systemd:
+    """The notification socket systemd gives a unit: every message, stamped on arrival."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="voice-notify-")) / "notify"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.path))
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._done.is_set():
+            try:
+                self.messages.append((time.monotonic(), self.sock.recv(4096).decode()))
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        self.sock.close()
+        shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_path, monkeypatch):
     whisper()  # the independent transcriber, loaded before the conversation
     speaker = audio.record("speaker.monitor")
+    systemd = Systemd()
+    # as under systemd with WatchdogSec=1: WATCHDOG=1 every 0.5 s while the service makes progress
+    monkeypatch.setenv("NOTIFY_SOCKET", str(systemd.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "1000000")
     daemon = LiveDaemon(tmp_path, audio)
     after = None
     try:
@@ -73,6 +109,7 @@ def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_
         daemon.wait(lambda: len(daemon.replies()) > replies, 40, "the answer to the request after the server's return")
         time.sleep(0.5)
     finally:
+        systemd.close()
         speaker.stop()
         if after is not None:
             after.stop()
@@ -107,6 +144,9 @@ def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_
     assert len(words(cut.delivered_text)) < len(words(FIRST)) / 2, cut  # not "played to the end"
     assert answered.outcome == ev.COMPLETED and answered.delivered_text == SECOND, answered
     assert any(line.startswith("notice: the audio device was lost") for line in daemon.out), log
+    # alive and trying to reopen the device is not hung: the watchdog is fed while the server is away
+    fed = [t for t, m in systemd.messages if m == "WATCHDOG=1" and lost.at_mono + 0.5 < t < back_at]
+    assert fed, f"no WATCHDOG=1 while the device was lost: {systemd.messages}"
 
     # -- what the speaker played before the server died, heard by an independent listener ---------
     heard = heard_words(before[reply_start:])
