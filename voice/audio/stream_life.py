@@ -2,8 +2,8 @@
 within a bound, PortAudio re-initialised, reopened with back-off.
 
 A laptop's audio comes and goes (the audio server restarts, a headset is
-unplugged). A stream is *lost* when it stops calling back for
-`STALL_BLOCKS` blocks, ends on its own (PortAudio's finished callback: an
+unplugged). A stream is *lost* when it stops calling back for `STALL_S`
+(and at least `STALL_BLOCKS` blocks), ends on its own (PortAudio's finished callback: an
 error, or our callback raised), or flags every one of `FLAGGED_BLOCKS`
 blocks in a row (an xrun now and then is not a loss). The callbacks stamp
 a `StreamWatch`; the event loop reads it after every mic block and every
@@ -43,9 +43,12 @@ from dataclasses import dataclass, field
 
 import anyio
 
-STALL_BLOCKS = 10  # no callback for this many block periods: the stream is lost
+# No callback for this long, and this many block periods: the stream is lost. Not 10 blocks
+# alone (320 ms): on 2 loaded cores a live stream went 491 ms without a callback, and came back.
+STALL_S = 0.7
+STALL_BLOCKS = 10
 FLAGGED_BLOCKS = 10  # this many flagged callbacks in a row (xruns on every block): lost
-CHECK_S = 0.25  # the loop looks at the watch at least this often: a stall is known within 0.6 s
+CHECK_S = 0.2  # the loop looks at the watch at least this often: a stall is known within 0.9 s
 CLOSE_BOUND_S = 1.0  # a stream that has not closed by then is wedged (see above)
 BACKOFF_FIRST_S = 0.2  # the first retry after a loss; each failed one doubles it,
 BACKOFF_MAX_S = 5.0  # up to this, for as long as it takes
@@ -104,7 +107,7 @@ class StreamWatch:
         if self._ended is not None:
             return self._ended, now
         for role, last in self._last.items():
-            if now - last > STALL_BLOCKS * self.block_s:
+            if now - last > max(STALL_S, STALL_BLOCKS * self.block_s):
                 return f"the {role} stream stopped calling back ({(now - last) * 1000:.0f} ms)", last
             if self._flagged[role] >= FLAGGED_BLOCKS:
                 return f"the {role} stream reported errors on {self._flagged[role]} blocks in a row", now
