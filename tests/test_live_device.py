@@ -730,3 +730,34 @@ async def test_after_a_loss_nothing_more_is_pulled_and_heard_to_is_what_had_left
     assert position == dev.buffer.handed("s") == 20 * 320  # nothing was pulled after the stall
     # the last block's 320 samples and its 50 ms DAC delay were still in the device when it stopped
     assert lost.heard_to == 20 * 320 - 320 - 800
+
+
+@pytest.mark.anyio
+async def test_a_stream_gets_longer_for_its_first_call_but_one_that_never_calls_is_lost(fake_sd, monkeypatch):
+    import voice.audio.stream_life as life
+
+    monkeypatch.setattr(life, "FIRST_CALL_S", 1.0)
+    sd = fake_sd(16000.0, 16000.0, blocks=[1000, 1000])
+    sd.gates[0] = first = threading.Event()  # the first stream's first call waits, as a slow start's does
+    dev = LiveDevice()
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+
+    async with anyio.create_task_group() as tg:
+        told: list = []
+        tg.start_soon(dev.run, on_mic, told.append)
+        await anyio.sleep(0.8)  # past STALL_S: not lost, it has not called yet
+        assert told == []
+        first.set()
+        with anyio.fail_after(5):
+            while len(mic) < 5:
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+    assert told == [] and len(sd.of_kind("duplex")) == 1
+
+    sd = fake_sd(16000.0, 16000.0, blocks=[0, 1000])  # never calls back
+    dev = LiveDevice()
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+    assert told[0].reason.startswith("the duplex stream never called back ("), told[0]
