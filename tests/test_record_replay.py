@@ -154,12 +154,15 @@ def test_a_committed_live_recording_replays_in_ci(tmp_path):
     sounddevice stream against virtual PipeWire devices (written by
     tests/live/test_live_barge_in.py): a question, "Stop. Tell me something
     else instead." over the answer, the second answer. Replayed here with no
-    sound card, it gives what the live session gave."""
+    sound card, it gives what the live session gave, on another machine than
+    the one it was recorded on: each request recognised within a
+    third of its words (the README's promise; #35: a fresh clone heard "out
+    of the sea" for the recorded "amount of C")."""
     recording = ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in"
     recorded = read_session(recording / "events.db")
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
     out = replay(tmp_path, recording)
-    assert_same_outcome(recorded, read_session(out / "events.db"))
+    assert_same_outcome(recorded, read_session(out / "events.db"), elsewhere=True)
     # The replay's latency is the virtual clock's: its picture says so, beside the parts it changes
     shown = voice(tmp_path, "show", "1", "--db", str(out / "events.db"), "--out", str(tmp_path / "replayed.html"))
     assert shown.returncode == 0, shown.stderr
