@@ -65,6 +65,13 @@ class Answer:
     always: bool = False
 
 
+def needs_approval(policy: str, effect: str, destructive: bool) -> bool:
+    """Whether a call asks first under an approval policy (an MCP server's
+    `approve`, the configured commands' `tools.approve`): "writes" every
+    write, "destructive" a write that may destroy or undo, "never" none."""
+    return effect == "write" and (policy == "writes" or (policy == "destructive" and destructive))
+
+
 def interpret(words: str) -> tuple[str, bool]:
     """(granted | denied, always) of what the person said to the question."""
     said = [w for w in re.findall(r"[a-z]+", words.lower().replace("'", "")) if w not in _FILLERS]
