@@ -3,8 +3,9 @@
 A call that asks first (`Tool.approval_key`: an MCP write under its
 server's `approve` policy, voice.agent.mcp.tools; a configured command
 under `tools.approve`, voice.agent.tools.commands; both by
-`needs_approval`) is dispatched only after a grant recorded in the log. The agent loop records `approval/requested` (durable), says the
-question through its surface (`approval_question`: which tool of which
+`needs_approval`) is dispatched only after a grant recorded in the log.
+The agent loop records `approval/requested` (durable), says the question
+through its surface (`approval_question`: which tool of which
 server, and the arguments that matter) and waits here for the answer:
 
 - the person's next words (spoken: the voice session routes the utterance
