@@ -226,8 +226,9 @@ async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | Non
                           kill_after_s=settings.tools.kill_after_s,
                           services={"timers": timers, "approvals": approvals},
                           command_env=command_environment(settings.tools))
-            app = App(settings, store, provider, default_tools(commands), env, timers, announcer,
-                      loop_settings(settings.llm),
+            tools = default_tools(commands, approve=settings.tools.approve,
+                                  approve_commands=settings.tools.approve_commands)
+            app = App(settings, store, provider, tools, env, timers, announcer, loop_settings(settings.llm),
                       mcp_servers(server_specs(settings.mcp), store, env.command_env) if mcp else McpServers([]),
                       prepared)
             env.services["mcp"] = app.mcp  # (status: each server's state)
