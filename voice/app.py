@@ -47,12 +47,12 @@ from voice.agent.recovery import recover
 from voice.agent.surface import Surface
 from voice.agent.tools import ToolRegistry, default_tools
 from voice.agent.tools.timers import TimerService
-from voice.errors import UsageError, as_usage_error
+from voice.errors import UsageError
 from voice.log.late import record_late
-from voice.log.store import EventStore
+from voice.log.store import EventStore, open_store
 from voice.log.window import MIN_HISTORY_TOKENS, scaled_estimate
 from voice.paths import config_dir
-from voice.settings import LlmSettings, PathsSettings, Settings, ToolsSettings
+from voice.settings import LlmSettings, Settings, ToolsSettings
 
 Say = Callable[[str], Awaitable[None]]
 
@@ -74,15 +74,6 @@ def command_environment(tools: ToolsSettings, environ: Mapping[str, str] = os.en
         raise UsageError(f"config: tools.command_env = {names!r} must list environment variable names "
                          f"(not {bad[0]!r})")
     return {n: environ[n] for n in names if n in environ}
-
-
-def open_store(paths: PathsSettings, db: str | Path | None = None, *, read_only: bool = False) -> EventStore:
-    """The event log at `db`, else the config's, else the XDG default; a log
-    that cannot be opened is one line naming the file and the fix.
-    `read_only`: see EventStore (the commands that only read)."""
-    path = paths.db_path(db)
-    with as_usage_error(ValueError):
-        return EventStore(path, read_only=read_only)
 
 
 # A sample of what requests hold, for measuring a model's tokenizer: speech
