@@ -45,7 +45,8 @@ import time
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 GIVE_UP_AFTER_KILL_S = 0.5  # SIGKILL rounds for a process stuck in the kernel; the daemon's bound is the backstop
-POLL_S = 0.01
+POLL_S = 0.01  # between SIGKILL rounds
+RESCAN_S = 0.05  # between SIGTERM rounds (each one reads /proc)
 
 
 def _prctl():
@@ -108,16 +109,19 @@ class Tree:
             now = time.monotonic()
             if now >= kill_at + GIVE_UP_AFTER_KILL_S:
                 return
-            if now >= term_at:
-                members = self.members()
-                if now >= kill_at:
-                    _signal(members, signal.SIGKILL)
-                else:
-                    fresh = [m for m in members if m not in termed]
-                    _signal(fresh, signal.SIGTERM)
-                    _signal(fresh, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
-                    termed.update(fresh)
-            self.wait(POLL_S)
+            if now < term_at:  # woken by each exit (SIGCHLD): nothing to scan yet
+                self.wait(term_at - now)
+                continue
+            members = self.members()
+            if now >= kill_at:
+                _signal(members, signal.SIGKILL)
+                self.wait(POLL_S)
+                continue
+            fresh = [m for m in members if m not in termed]  # (one forked since the last scan too)
+            _signal(fresh, signal.SIGTERM)
+            _signal(fresh, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+            termed.update(fresh)
+            self.wait(min(RESCAN_S, kill_at - now))
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:

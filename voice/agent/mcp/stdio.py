@@ -221,9 +221,8 @@ async def _stop(proc: asyncio.subprocess.Process, control: socket.socket, info: 
         control.close()
         with anyio.move_on_after(GUARDIAN_BOUND_S):
             await _exited(proc)
-        if proc.returncode is None:  # the guardian is stuck: its group goes at once
+        if proc.returncode is None:  # the guardian is stuck: its group (it leads it) goes at once
             _signal_group(proc.pid, signal.SIGKILL)
-            proc.kill()
         await _exited(proc)
     info.returncode = proc.returncode
     info.exited.set()
