@@ -13,8 +13,8 @@
 - the stop bound with a wrapper in between: the stdio transport's close
   (voice/agent/mcp/stdio.py, the daemon's shutdown path) with a shell
   wrapper in front of a polite server (mcp-server-time) and of the stubborn
-  chaos server, `--stops` times each; the tree must be gone when it
-  returns. Target: <= STOP_BOUND_S.
+  chaos server (also with setsid), `--stops` times each; the tree must be
+  gone when it returns. Target: <= STOP_BOUND_S.
 
     python benchmarks/mcp_orphans.py [--crashes 20] [--stops 10] [--limit-s 10] [--out FILE]
 """
@@ -105,9 +105,12 @@ async def _stops(stops: int) -> dict:
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/")}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        shell = write_wrapper(Path(tmp), SHELL_WRAPPER)
+        (Path(tmp) / "setsid").mkdir()
+        shell, setsid = write_wrapper(Path(tmp), SHELL_WRAPPER), write_wrapper(Path(tmp) / "setsid", SETSID_WRAPPER)
+        stubborn = chaos_server_command(Path(tmp) / "j", ignore_sigterm=True)
         for name, argv in (("shell+mcp-server-time", [shell, *time_server_command()]),
-                           ("shell+stubborn chaos", [shell, *chaos_server_command(Path(tmp) / "j", ignore_sigterm=True)])):
+                           ("shell+stubborn chaos", [shell, *stubborn]),
+                           ("shell+setsid+stubborn chaos", [setsid, *stubborn])):
             took, left = [], []
             for _ in range(stops):
                 t, n = await _stop_once(argv, env)
@@ -129,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     result = {"stop_bound_s": STOP_BOUND_S, "limit_s": args.limit_s,
               "stop": anyio.run(_stops, args.stops, backend="asyncio"),
-              "kill_9": _crashes(args.crashes, args.limit_s)}
+              "kill_9": _crashes(args.crashes, args.limit_s) if args.crashes else {}}
     print(f"| wrapper | kill -9s | orphans (alive {args.limit_s:g} s after) | crashes with orphans | gone p50 / max s |")
     print("| --- | --- | --- | --- | --- |")
     for name, r in result["kill_9"].items():

@@ -91,4 +91,4 @@ def test_mcp_orphans_benchmark_runs(tmp_path):
     assert set(r["kill_9"]) == {"shell", "shell+setsid", "npx", "uvx"}
     for name, row in r["kill_9"].items():
         assert "skipped" in row or (row["orphans"], row["crashes"]) == (0, 1), (name, row)
-    assert [row["left_after_stop"] for row in r["stop"].values()] == [0, 0]
+    assert [row["left_after_stop"] for row in r["stop"].values()] == [0, 0, 0]
