@@ -173,6 +173,8 @@ async def _start(control: socket.socket, argv: list[str], env: dict[str, str],
             request = request[control.send(request):]
         except BlockingIOError:
             continue
+        except (BrokenPipeError, ConnectionResetError):
+            break  # it ended: said below
     answer = b""
     while not answer.endswith(b"\n"):
         await anyio.wait_readable(control)
@@ -180,6 +182,8 @@ async def _start(control: socket.socket, argv: list[str], env: dict[str, str],
             chunk = control.recv(256)
         except BlockingIOError:
             continue
+        except ConnectionResetError:
+            chunk = b""
         if not chunk:  # it could not run (its own traceback on stderr)
             said = b""
             with anyio.move_on_after(1.0):
