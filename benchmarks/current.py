@@ -93,8 +93,9 @@ def _turn_end(d: dict) -> tuple[str, str]:
 
 
 def _soak(d: dict) -> tuple[str, str]:
-    return (f"RSS {d['rss_mb']['median_growth']:+.1f} MB (medians, turn 100 → 1,000); latency of the last 100 turns "
-            f"{d['latency_s']['ratio']:.2f}× the first 100's; threads and fds unchanged", "")
+    same = d["threads"]["end"] == d["threads"]["warm"] and d["fds"]["end"] == d["fds"]["warm"]
+    return (f"RSS {d['rss_mb']['median_growth']:+.1f} MB (medians, turn 100 → 1,000); the last 100 turns' latency "
+            f"{d['latency_s']['ratio']:.2f}× the first's; threads and fds {'unchanged' if same else 'changed'}", "")
 
 
 ROWS = [
