@@ -3,7 +3,7 @@
 The protocol (framing aside) is the official SDK's: `mcp.Client` runs the
 session, the requests and their cancellation over the two streams this
 transport yields. The SDK's own `stdio_client` is not used because it
-breaks two promises this program makes (docs/ARCHITECTURE.md, "MCP servers"):
+breaks two promises this program makes (docs/topics/mcp.md):
 
 - it merges HOME, LOGNAME, PATH, SHELL, TERM and USER of the daemon into
   the server's environment; here the environment is exactly what the
