@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from heard import word_errors
 from voice.log import events as ev
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
@@ -57,13 +58,7 @@ def read_session(db: Path, mic_start: int = 0) -> Session:
 
 def word_edits(a: str, b: str) -> int:
     """Words to insert, delete or replace to make one text the other (case and punctuation aside)."""
-    x, y = a.lower().replace(",", " ").replace(".", " ").split(), b.lower().replace(",", " ").replace(".", " ").split()
-    row = list(range(len(y) + 1))
-    for i, u in enumerate(x, 1):
-        prev, row[0] = row[0], i
-        for j, v in enumerate(y, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (u != v))
-    return row[-1]
+    return word_errors(*(text.lower().replace(",", " ").replace(".", " ").split() for text in (a, b)))
 
 
 def assert_same_outcome(recorded: Session, replayed: Session, *, elsewhere: bool = False) -> None:
