@@ -1,12 +1,17 @@
 """The benchmark suite of `voice`.
 
     python benchmarks/run.py [--quick | --smoke] [--json OUT] [--no-peer]
+    python benchmarks/run.py --table [--write]
 
 Measures (median, p95, count): ack_ms, termination_ms (blocked I/O and a
 SIGTERM-resistant child), prefix_error_words, v2v_ms (tiny.en and base, with
 a breakdown), replay_speedup, idle_cpu_pct, peak_rss_mb; the VAD grid that
 bounds ack_ms; and the peer (a stock pipecat 1.14 pipeline) on the same
 barge-in scenarios. See benchmarks/RESULTS.md.
+
+`--table` measures nothing: it prints the current figures, one row per
+measure, from the latest recorded result files (benchmarks/current.py);
+`--write` also puts them at the top of RESULTS.md and in README.md.
 """
 
 from __future__ import annotations
@@ -85,7 +90,19 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="OUT", help="write the results object here")
     p.add_argument("--no-peer", action="store_true", help="skip the stock pipecat peer")
     p.add_argument("--keep", metavar="DIR", help="keep replay outputs under DIR (default: a temp dir)")
+    g.add_argument("--table", action="store_true",
+                   help="measure nothing: print the current figures from the recorded result files")
+    p.add_argument("--write", action="store_true", help="with --table: write them into RESULTS.md and README.md")
     args = p.parse_args(argv)
+    if args.write and not args.table:
+        p.error("--write goes with --table (it writes the table of recorded figures)")
+    if args.table:
+        import current
+
+        print(current.results_table())
+        for path in current.write() if args.write else []:
+            log(f"wrote {path}")
+        return 0
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
     mode = MODES[name]
     started = time.perf_counter()

@@ -11,6 +11,7 @@ import inspect
 import io
 import os
 import threading
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -108,6 +109,18 @@ PROCESS_THREADS = {
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "leaves_thread(name, reason=...): the test may leave a thread of that name running, and why")
+
+
+LIVE = Path(__file__).parent / "live"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The live tests (one private PipeWire per module, real-time audio) run
+    one after another on one pytest-xdist worker (`--dist loadgroup`); the
+    rest are shared out between the workers."""
+    for item in items:
+        if LIVE in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("live"))
 
 
 @pytest.fixture(autouse=True)

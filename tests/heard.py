@@ -28,6 +28,16 @@ def common_in_order(a: list[str], b: list[str]) -> int:
     return row[-1]
 
 
+def word_errors(reference: list[str], heard: list[str]) -> int:
+    """Substitutions, insertions and deletions that turn one into the other."""
+    row = list(range(len(heard) + 1))
+    for i, ref in enumerate(reference, 1):
+        diagonal, row[0] = row[0], i
+        for j, word in enumerate(heard, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ref != word))
+    return row[-1]
+
+
 def cut_error(heard: list[str], delivered: list[str]) -> int | None:
     """Words heard after the delivered prefix's end (negative: fewer): the
     error at the cut, found by anchoring on the last delivered word (or the

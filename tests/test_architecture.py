@@ -218,3 +218,12 @@ def test_no_module_is_over_450_lines_unless_it_says_why():
     long = {path.relative_to(ROOT).as_posix(): n for path in (ROOT / "voice").rglob("*.py")
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > 450}
     assert set(long) <= set(LONG_MODULES), f"over 450 lines: {long}"
+
+
+def test_signals_are_taken_in_one_place():
+    """#39: the signal-handling loop was written four times (daemon, acp,
+    chat, control); every entry point now ends through
+    voice.service.signals.cancel_on_signal."""
+    writers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "voice").rglob("*.py")
+                     if "open_signal_receiver" in p.read_text(encoding="utf-8"))
+    assert writers == ["voice/service/signals.py"], writers

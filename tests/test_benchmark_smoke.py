@@ -78,3 +78,17 @@ def test_run_py_v2v_step_makes_its_own_folder(tmp_path):
     [row] = result["rows"]
     assert row["tag"] == "tiny.en-ttft0-early" and row["turns"] == 1 and row["v2v_ms"]["n"] == 1
     assert (tmp_path / "work" / "v2v" / "tiny.en-ttft0-early" / "events.db").is_file()
+
+
+def test_mcp_orphans_benchmark_runs(tmp_path):
+    """benchmarks/mcp_orphans.py at its smallest: one kill -9 per wrapper, one
+    stop each; the wrappers that cannot run here say why, and none left an orphan."""
+    out = tmp_path / "orphans.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mcp_orphans.py"), "--crashes", "1", "--stops", "1",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert set(r["kill_9"]) == {"shell", "shell+setsid", "npx", "uvx"}
+    for name, row in r["kill_9"].items():
+        assert "skipped" in row or (row["orphans"], row["crashes"]) == (0, 1), (name, row)
+    assert [row["left_after_stop"] for row in r["stop"].values()] == [0, 0, 0]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heard import whisper
+from heard import whisper, word_errors
 from voice.audio.wav import read_mono16k
 
 pytestmark = pytest.mark.slow
@@ -119,16 +119,6 @@ def normalised_words(text: str) -> list[str]:
     text = text.lower().replace("’", "'").replace("-", " ").replace("mr.", "mister")
     text = re.sub(r"\d+", lambda m: f" {number_words(int(m.group()))} ", text)
     return re.findall(r"[a-z']+", text)
-
-
-def word_errors(reference: list[str], heard: list[str]) -> int:
-    """Substitutions, insertions and deletions that turn one into the other."""
-    row = list(range(len(heard) + 1))
-    for i, ref in enumerate(reference, 1):
-        diagonal, row[0] = row[0], i
-        for j, word in enumerate(heard, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ref != word))
-    return row[-1]
 
 
 def test_number_words_and_normalising():

@@ -44,7 +44,7 @@ def tool_results(db: Path) -> list[dict]:
 def test_a_command_does_not_get_the_daemons_secrets(tmp_path):
     config = tmp_path / "voice.toml"
     config.write_text('[tools.commands]\nshowenv = ["env"]\n')
-    out = voice(tmp_path, "chat", "--config", str(config), "--db", str(tmp_path / "ev.db"), stdin="run showenv\n",
+    out = voice(tmp_path, "chat", "--config", str(config), "--db", str(tmp_path / "ev.db"), stdin="run showenv\nyes\n",
                 OPENAI_API_KEY=SECRET, GITHUB_TOKEN=SECRET, LANG="C.UTF-8")
     assert out.returncode == 0, out.stderr
     (result,) = tool_results(tmp_path / "ev.db")
@@ -60,7 +60,7 @@ def test_a_command_does_not_get_the_daemons_secrets(tmp_path):
 def test_the_environment_list_is_configurable(tmp_path):
     config = tmp_path / "voice.toml"
     config.write_text('[tools]\ncommand_env = ["PATH", "BACKUP_TARGET"]\n[tools.commands]\nshowenv = ["env"]\n')
-    out = voice(tmp_path, "chat", "--config", str(config), "--db", str(tmp_path / "ev.db"), stdin="run showenv\n",
+    out = voice(tmp_path, "chat", "--config", str(config), "--db", str(tmp_path / "ev.db"), stdin="run showenv\nyes\n",
                 BACKUP_TARGET="/media/usb", OPENAI_API_KEY=SECRET)
     assert out.returncode == 0, out.stderr
     (result,) = tool_results(tmp_path / "ev.db")
@@ -102,7 +102,7 @@ def test_commands_still_get_the_users_umask(tmp_path):
     made = tmp_path / "made.txt"
     config = tmp_path / "voice.toml"
     config.write_text(f'[tools.commands]\ntouch = ["touch", "{made}"]\n')
-    out = voice(tmp_path, "chat", "--config", str(config), "--db", str(tmp_path / "ev.db"), stdin="run touch\n",
+    out = voice(tmp_path, "chat", "--config", str(config), "--db", str(tmp_path / "ev.db"), stdin="run touch\nyes\n",
                 umask=0o022)
     assert out.returncode == 0, out.stderr
     assert mode(made) == 0o644  # the person's own files, as their umask says

@@ -154,17 +154,37 @@ def test_a_committed_live_recording_replays_in_ci(tmp_path):
     sounddevice stream against virtual PipeWire devices (written by
     tests/live/test_live_barge_in.py): a question, "Stop. Tell me something
     else instead." over the answer, the second answer. Replayed here with no
-    sound card, it gives what the live session gave."""
+    sound card, it gives what the live session gave, on another machine than
+    the one it was recorded on: each request recognised within a
+    third of its words (the README's promise; #35: a fresh clone heard "out
+    of the sea" for the recorded "amount of C")."""
     recording = ROOT / "tests" / "fixtures" / "recorded" / "live-barge-in"
     recorded = read_session(recording / "events.db")
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"] and recorded.turns[0].interrupted
     out = replay(tmp_path, recording)
-    assert_same_outcome(recorded, read_session(out / "events.db"))
+    assert_same_outcome(recorded, read_session(out / "events.db"), elsewhere=True)
     # The replay's latency is the virtual clock's: its picture says so, beside the parts it changes
     shown = voice(tmp_path, "show", "1", "--db", str(out / "events.db"), "--out", str(tmp_path / "replayed.html"))
     assert shown.returncode == 0, shown.stderr
     page = (tmp_path / "replayed.html").read_text()
     assert "recognition (free on the replay&#x27;s clock)" in page and "first token (held to the recorded time)" in page
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_recording_with_held_silence_replays(tmp_path):
+    """#35: `voice run` holds a quiet second back and hands it on joined with
+    the block that ended it, so a recording made with the defaults has
+    blocks of over 16,000 samples, and `voice replay` refused it ("block
+    sizes must be from 1 to 16000 samples"). The committed recording with a
+    quiet stretch after its last reply held so (31 blocks, 1.05 s, as one)."""
+    rec = copy_recording(tmp_path / "rec")
+    sizes = [int(n) for n in (rec / "mic_blocks.txt").read_text().split()]
+    held = sizes[:400] + [sum(sizes[400:431])] + sizes[431:]
+    assert 16000 < held[400] <= 2 * 16000
+    (rec / "mic_blocks.txt").write_text("".join(f"{n}\n" for n in held))
+    recorded = read_session(rec / "events.db")
+    assert_same_outcome(recorded, read_session(replay(tmp_path, rec) / "events.db"), elsewhere=True)
 
 
 def test_a_recording_whose_mic_is_cut_short_is_refused_not_replayed_to_another_outcome(tmp_path):

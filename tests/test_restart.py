@@ -83,7 +83,7 @@ def setup(tmp_path):
 def test_kill_during_a_write_leaves_it_unknown_and_never_runs_it_twice(tmp_path, setup):
     mark, config, script = setup
     chat = start_chat(tmp_path, script, config)
-    chat.stdin.write("run the slow job\n")
+    chat.stdin.write("run the slow job\nyes\n")  # (a configured command asks first)
     chat.stdin.flush()
     wait_for(mark.exists)  # the command has started: between dispatch and receipt
     chat.send_signal(signal.SIGKILL)
@@ -136,7 +136,7 @@ def test_a_completed_write_survives_a_kill_afterwards(tmp_path, setup):
     mark, config, script = setup
     config.write_text(f'[tools.commands]\nslowjob = ["sh", "-c", "echo ran >> {mark}"]\n')
     chat = start_chat(tmp_path, script, config)
-    chat.stdin.write("run the job\n")
+    chat.stdin.write("run the job\nyes\n")  # (a configured command asks first)
     chat.stdin.flush()
     wait_for(lambda: any(e.type == ev.TURN_END for e in read_log(tmp_path)))
     chat.send_signal(signal.SIGKILL)

@@ -1,5 +1,5 @@
 """EventStore (voice/log/store.py) and the event vocabulary (voice/log/events.py):
-the durable, append-only SQLite log of docs/ARCHITECTURE.md."""
+the durable, append-only SQLite log of docs/EVENTS.md."""
 
 from __future__ import annotations
 

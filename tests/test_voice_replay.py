@@ -426,7 +426,7 @@ def _transcript(out: Path) -> list[str]:
 
 
 def test_stop_over_a_long_reply_stops_it_and_nothing_more(replays):
-    """A stop intent (docs/ARCHITECTURE.md, "A stop is not a request") produces the interrupted message of the cut
+    """A stop intent (docs/topics/stops.md) produces the interrupted message of the cut
     reply and an aborted turn/end, and nothing else: no turn to answer, no
     request to the model, not a sample more on the speaker."""
     out = replays("stop_intent")

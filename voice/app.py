@@ -47,12 +47,12 @@ from voice.agent.recovery import recover
 from voice.agent.surface import Surface
 from voice.agent.tools import ToolRegistry, default_tools
 from voice.agent.tools.timers import TimerService
-from voice.errors import UsageError, as_usage_error
+from voice.errors import UsageError
 from voice.log.late import record_late
-from voice.log.store import EventStore
+from voice.log.store import EventStore, open_store
 from voice.log.window import MIN_HISTORY_TOKENS, scaled_estimate
 from voice.paths import config_dir
-from voice.settings import LlmSettings, PathsSettings, Settings, ToolsSettings
+from voice.settings import LlmSettings, Settings, ToolsSettings
 
 Say = Callable[[str], Awaitable[None]]
 
@@ -74,15 +74,6 @@ def command_environment(tools: ToolsSettings, environ: Mapping[str, str] = os.en
         raise UsageError(f"config: tools.command_env = {names!r} must list environment variable names "
                          f"(not {bad[0]!r})")
     return {n: environ[n] for n in names if n in environ}
-
-
-def open_store(paths: PathsSettings, db: str | Path | None = None, *, read_only: bool = False) -> EventStore:
-    """The event log at `db`, else the config's, else the XDG default; a log
-    that cannot be opened is one line naming the file and the fix.
-    `read_only`: see EventStore (the commands that only read)."""
-    path = paths.db_path(db)
-    with as_usage_error(ValueError):
-        return EventStore(path, read_only=read_only)
 
 
 # A sample of what requests hold, for measuring a model's tokenizer: speech
@@ -226,8 +217,9 @@ async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | Non
                           kill_after_s=settings.tools.kill_after_s,
                           services={"timers": timers, "approvals": approvals},
                           command_env=command_environment(settings.tools))
-            app = App(settings, store, provider, default_tools(commands), env, timers, announcer,
-                      loop_settings(settings.llm),
+            tools = default_tools(commands, approve=settings.tools.approve,
+                                  approve_commands=settings.tools.approve_commands)
+            app = App(settings, store, provider, tools, env, timers, announcer, loop_settings(settings.llm),
                       mcp_servers(server_specs(settings.mcp), store, env.command_env) if mcp else McpServers([]),
                       prepared)
             env.services["mcp"] = app.mcp  # (status: each server's state)

@@ -55,7 +55,7 @@ def _store(args: argparse.Namespace, settings: Settings, *, read_only: bool = Tr
     """The log a command reads (history, show, trace, effects): opened
     read-only, so a mistyped --db is "no such log" and a log someone sent
     you is never changed. `fork` writes, but into a log that must exist."""
-    from voice.app import open_store
+    from voice.log.store import open_store
 
     if not read_only:
         open_store(settings.paths, args.db, read_only=True).close()  # exists, and is a log

@@ -47,6 +47,8 @@ NON_EMPTY = Rule("a non-empty string", lambda v: bool(v.strip()))
 ARGV = Rule('a non-empty list of strings: the program and its arguments, no shell '
             '(e.g. ["rsync", "-a", "/home/me/docs/", "/media/usb/docs/"])',
             lambda v: isinstance(v, list) and bool(v) and all(isinstance(a, str) and a for a in v))
+# An approval policy (voice.settings.Approve): an MCP server's `approve`, the configured commands'.
+APPROVE = one_of("destructive", "writes", "never")
 PHRASES = Rule("a list of non-empty phrases", lambda v: all(w.strip() for w in v))
 
 
@@ -96,6 +98,8 @@ RULES: dict[str, Rule | Callable[[], Rule]] = {
     "tools.kill_after_s": number(0, 300, above=True),
     "tools.approval_timeout_s": number(1, 600),
     "tools.commands.*": ARGV,
+    "tools.approve": APPROVE,
+    "tools.approve_commands.*": APPROVE,
     "tools.command_env": Rule("a list of environment variable names (letters, digits, _)",
                               lambda v: all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)
                                             for n in v)),
@@ -169,7 +173,7 @@ MCP_SERVER_KEYS: dict[str, Rule] = {
     "read_tools": Rule("a list of the server's tool names that only read", _strings),
     "timeout_s": Rule("a number above 0 and at most 3600",
                       lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 3600),
-    "approve": one_of("destructive", "writes", "never"),
+    "approve": APPROVE,
     "max_result_chars": Rule("an integer from 200 to 1000000",
                              lambda v: isinstance(v, int) and not isinstance(v, bool) and 200 <= v <= 1000000),
     "enabled": Rule("true/false", lambda v: isinstance(v, bool)),
@@ -214,8 +218,16 @@ def check_mcp_servers(config: dict[str, Any], sources: dict[str, str]) -> None:
 
 def _cross_keys(config: dict[str, Any], sources: dict[str, str]) -> None:
     """Rules between keys: the reply's reserve must leave the conversation
-    at least half the context; each MCP server's table."""
+    at least half the context; each MCP server's table; a command's own
+    approval names a configured command."""
     check_mcp_servers(config, sources)
+    tools = config.get("tools", {})
+    for name in tools.get("approve_commands", {}):
+        if name not in tools.get("commands", {}):
+            key = f"tools.approve_commands.{name}"
+            configured = ", ".join(sorted(tools.get("commands", {}))) or "none are configured"
+            raise UsageError(f"{sources.get(key, 'default')}: {key} names no command of [tools.commands] "
+                             f"(configured: {configured}): add the command or remove the line")
     llm = config.get("llm", {})
     reply, context = llm.get("reply_tokens"), llm.get("context_tokens")
     if isinstance(reply, int) and isinstance(context, int) and reply * 2 > context:

@@ -100,12 +100,23 @@ class TtsSettings:
     alignments: bool = True
 
 
+# When a write asks the person first (voice.agent.approvals.needs_approval): an MCP server's
+# `approve`, and the configured commands' (`tools.approve`, `tools.approve_commands`).
+Approve = Literal["destructive", "writes", "never"]
+
+
 @dataclass(frozen=True)
 class ToolsSettings:
     kill_after_s: float = 2.0
     approval_timeout_s: float = 20.0
     command_env: tuple[str, ...] = ()
     commands: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))  # NAME -> argv
+    approve: Approve = "writes"  # whether a configured command asks first
+    approve_commands: Mapping[str, Approve] = field(default_factory=lambda: MappingProxyType({}))  # NAME -> policy
+
+    def command_approve(self, name: str) -> Approve:
+        """The approval policy of the configured command `name`."""
+        return self.approve_commands.get(name, self.approve)
 
 
 @dataclass(frozen=True)
@@ -135,9 +146,6 @@ class ListenSettings:
 @dataclass(frozen=True)
 class RecordSettings:
     ring_s: float = 120.0
-
-
-Approve = Literal["destructive", "writes", "never"]
 
 
 @dataclass(frozen=True)

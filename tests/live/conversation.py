@@ -60,13 +60,15 @@ class LiveDaemon:
     socket is private too."""
 
     def __init__(self, tmp: Path, audio: AudioServer, script: Path | None = None, *, config: str | None = None,
-                 args: tuple[str, ...] = (), listen_mode: str = "open"):
+                 args: tuple[str, ...] = (), listen_mode: str = "open", device_rate: int | None = None):
         tmp.mkdir(parents=True, exist_ok=True)
         self.db = tmp / "events.db"
         self.env = {**audio.env, "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data"),
                     "XDG_CONFIG_HOME": str(tmp / "config"), "HF_HUB_OFFLINE": "1",
                     # the person speaks without the wake word; wake mode has its own replay test
                     "VOICE_LISTEN_MODE": listen_mode}
+        if device_rate is not None:  # the rate PortAudio reports for ALSA's default device (else 44.1 kHz here)
+            self.env["PIPEWIRE_ALSA"] = f"{{ alsa.rate = {device_rate} }}"
         if config is not None:
             (tmp / "config" / "voice").mkdir(parents=True, exist_ok=True)
             (tmp / "config" / "voice" / "voice.toml").write_text(config)
@@ -186,13 +188,14 @@ class Conversation:
 
 def converse(audio: AudioServer, tmp: Path, *, barge_in_after: float = BARGE_IN_AFTER_S,
              config: str | None = None, barge_in: Path = AUDIO / "stop.wav", settle=None,
-             args: tuple[str, ...] = ()) -> Conversation:
+             args: tuple[str, ...] = (), device_rate: int | None = None) -> Conversation:
     """`barge_in` is what the person says over the first reply; `settle(daemon)`
     waits for what should follow it (default: the second reply, played out);
-    `args` go to `voice run`."""
+    `args` go to `voice run`; `device_rate`: the rate PortAudio's default
+    device reports (None: what this machine's PipeWire gives, 44.1 kHz)."""
     speaker = audio.record("speaker.monitor")
     mic = audio.record("micfeed.monitor")
-    daemon = LiveDaemon(tmp, audio, config=config, args=args)
+    daemon = LiveDaemon(tmp, audio, config=config, args=args, device_rate=device_rate)
     reply_start = barge_in_at = None
     try:
         daemon.wait_listening()

@@ -1,9 +1,11 @@
 """Asking the person before a call is dispatched, and remembering "always".
 
-A tool marked `ask_first` (an MCP write under its server's `approve`
-policy: voice.agent.mcp.tools) is dispatched only after a grant recorded in
-the log. The agent loop records `approval/requested` (durable), says the
-question through its surface (`approval_question`: which tool of which
+A call that asks first (`Tool.approval_key`: an MCP write under its
+server's `approve` policy, voice.agent.mcp.tools; a configured command
+under `tools.approve`, voice.agent.tools.commands; both by
+`needs_approval`) is dispatched only after a grant recorded in the log.
+The agent loop records `approval/requested` (durable), says the question
+through its surface (`approval_question`: which tool of which
 server, and the arguments that matter) and waits here for the answer:
 
 - the person's next words (spoken: the voice session routes the utterance
@@ -26,7 +28,8 @@ the restart (`unanswered`), in its own conversation, and only within the
 conversation's idle gap (older ones are withdrawn, `expired`); never
 dispatched without a new yes.
 
-"Always" grants are keyed by server and tool, kept in the config folder
+"Always" grants are keyed by the call's approval key, (server, tool) or
+("tools.commands", the command's name), kept in the config folder
 (`grants.json`), listed by `voice doctor` and `voice grants`, revoked with
 `voice grants revoke SERVER TOOL`.
 """
@@ -63,6 +66,13 @@ class Answer:
     how: str  # voice | text | ctl | acp | always (a remembered grant) | timeout | ended | unavailable | stopped
     words: str = ""
     always: bool = False
+
+
+def needs_approval(policy: str, effect: str, destructive: bool) -> bool:
+    """Whether a call asks first under an approval policy (an MCP server's
+    `approve`, the configured commands' `tools.approve`): "writes" every
+    write, "destructive" a write that may destroy or undo, "never" none."""
+    return effect == "write" and (policy == "writes" or (policy == "destructive" and destructive))
 
 
 def interpret(words: str) -> tuple[str, bool]:

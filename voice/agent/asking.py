@@ -41,11 +41,12 @@ class AskingFirst:
                 record_answer(self.store, e, asked.approval_id, Answer(WITHDRAWN, "restart"))
                 break
 
-    async def _ask_person(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any]) -> Answer:
+    async def _ask_person(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
+                          key: tuple[str, str]) -> Answer:
         """Ask, record the question and its answer, and say what the answer
-        was. A cancel (a barge-in, a stop, a shutdown) withdraws the question."""
+        was; an "always" is kept under `key` (source, name). A cancel (a
+        barge-in, a stop, a shutdown) withdraws the question."""
         approvals: Approvals | None = self.tool_env.services.get("approvals")
-        origin = tool.origin or call.name
         question = approval_question(tool.title or call.name, tool.source, args)
         again = state.asked_again.approval_id if state.asked_again is not None and state.step == 0 else UNSET
         if again is not UNSET:
@@ -54,15 +55,15 @@ class AskingFirst:
                                                  title=tool.title, arguments=args, question=question,
                                                  asked_again=again))
         try:
-            answer = await self._answer(state, call, tool, args, question, approvals, origin)
+            answer = await self._answer(state, call, tool, args, question, approvals, key)
         except anyio.get_cancelled_exc_class():
             record_answer(self.store, self._asked_at(state), call.id, Answer(WITHDRAWN, "stopped"))
             raise
         record_answer(self.store, self._asked_at(state), call.id, answer)
-        said = answer_notice(answer, tool.source_id or tool.source, origin)
+        said = answer_notice(answer, *key)
         if answer.always and approvals is not None and answer.how != "always":
             try:
-                approvals.grants.add(tool.source_id or tool.source, origin, allow=answer.decision == GRANTED)
+                approvals.grants.add(*key, allow=answer.decision == GRANTED)
             except GrantsError as exc:  # the answer still counts, once
                 said = f"I couldn't remember that for next time: {exc}"
         if said and getattr(self.surface, "answers_questions", False):
@@ -70,13 +71,13 @@ class AskingFirst:
         return answer
 
     async def _answer(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any], question: str,
-                      approvals: Approvals | None, origin: str) -> Answer:
+                      approvals: Approvals | None, key: tuple[str, str]) -> Answer:
         """The person's answer: a remembered one, the client's own dialog
         (ACP), or their next words after the question."""
         try:
-            if approvals is not None and approvals.grants.allows(tool.source_id or tool.source, origin):
+            if approvals is not None and approvals.grants.allows(*key):
                 return Answer(GRANTED, "always")
-            if approvals is not None and approvals.grants.refuses(tool.source_id or tool.source, origin):
+            if approvals is not None and approvals.grants.refuses(*key):
                 return Answer(DENIED, "always")
         except GrantsError:
             pass  # an unreadable grants file grants nothing: the person is asked

@@ -49,7 +49,7 @@ class ToolCall:
     name: str
     arguments_json: str
     # The id the provider sent, if any. Kept for the record; the loop gives
-    # each call an id of its own (docs/ARCHITECTURE.md), so it is not part of equality.
+    # each call an id of its own (docs/EVENTS.md, `tool/call`), so it is not part of equality.
     provider_id: str | None = field(default=None, compare=False)
 
     def arguments(self) -> dict[str, Any]:

@@ -82,7 +82,8 @@ class RunningCalls:
             ctx = self.tool_env.context(self.conversation, state.turn, call.id)
             if write and (result := await self._blocked_repeat(state, call, args, ctx)) is not None:
                 return ev.UNKNOWN, result
-            if tool.ask_first and (result := await self._approve(state, call, tool, args)) is not None:
+            key = tool.approval_key(args)
+            if key is not None and (result := await self._approve(state, call, tool, args, key)) is not None:
                 return "", result  # declined: nothing ran, nothing was claimed
             self._record(state, ev.ToolDispatched(tool_call_id=call.id, name=call.name, effect=tool.effect,
                                                   arguments=args))
@@ -141,14 +142,15 @@ class RunningCalls:
             tool = self.tools.get(call.name)
             await show(call, tool, status, result)
 
-    async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool,
-                       args: dict[str, Any]) -> ev.ToolResult | None:
-        """Ask the person before dispatching (voice.agent.asking): None once
-        a grant is recorded, else the result that says why not."""
+    async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
+                       key: tuple[str, str]) -> ev.ToolResult | None:
+        """Ask the person before dispatching (voice.agent.asking), under the
+        grant `key` (`Tool.approval_key`): None once a grant is recorded,
+        else the result that says why not."""
         why_not = tool.unavailable() if tool.unavailable is not None else None
         if why_not:  # nothing to ask about: it could not be sent anyway
             return ev.ToolResult.failed(call.id, call.name, why_not)
-        answer = await self._ask_person(state, call, tool, args)
+        answer = await self._ask_person(state, call, tool, args, key)
         if answer.decision == GRANTED:
             return None
         return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)

@@ -1,5 +1,4 @@
-"""The one writer of the rows a model request leaves (docs/ARCHITECTURE.md,
-"The log: every event"): its step's start and end, the stream's frames, an
+"""The one writer of the rows a model request leaves (docs/EVENTS.md): its step's start and end, the stream's frames, an
 attempt kept for the record, a request's error, and the result of a call
 that never finished. The loop writes them as a turn runs, the summary for
 its own request and a cache-warming one (voice.agent.side_requests), start-up recovery for a turn a crash left open: all three

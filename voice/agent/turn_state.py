@@ -44,7 +44,7 @@ class TurnResult:
 
 def call_id(ref: UnitRef, index: int) -> str:
     """Our id for the `index`-th tool call of a committed message: unique in
-    the log for its whole life, because the turn id is (docs/ARCHITECTURE.md), whatever
+    the log for its whole life, because the turn id is (docs/EVENTS.md), whatever
     ids the provider sends ("call_0" in every request, "skill_1" in every
     process, none at all). Letters, digits and "_" only: providers accept it
     when history goes back to them."""

@@ -1,4 +1,4 @@
-"""An autojump virtual clock for replay (docs/ARCHITECTURE.md, "Replay on a virtual clock").
+"""An autojump virtual clock for replay (docs/topics/replay.md).
 
 Virtual time = real time + the idle time skipped so far. The event loop's
 selector is wrapped: when the loop would sleep until its next timer and no

@@ -1,4 +1,4 @@
-"""The event vocabulary of the durable log (docs/ARCHITECTURE.md, "The log"). Imports nothing of ours.
+"""The event vocabulary of the durable log (docs/EVENTS.md). Imports nothing of ours but its bodies (voice/log/bodies/).
 
 Every row of the log is one `Event`: ids, times, a `type` and a JSON
 `payload`. Each type has one frozen dataclass here, its *body*, whose fields
@@ -18,7 +18,7 @@ closed), the body has one constructor for it, used by every writer.
 
 The three *surface* types are the only ones model history is derived from;
 `speech/played` amends an assistant message with how much of it the person
-actually heard. docs/ARCHITECTURE.md ("The log: every event") is the table of every type, its fields and
+actually heard. docs/EVENTS.md is the table of every type, its fields and
 its writers (tests/test_events_doc.py keeps it true).
 """
 

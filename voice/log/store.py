@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from voice.errors import as_usage_error
 from voice.log.events import (
     BODIES,
     DURABLE_TYPES,
@@ -49,6 +50,7 @@ from voice.log.feed import DEFAULT_BUFFER, EventFeed, Subscription
 from voice.log.queries import EventQueries
 from voice.log.schema import _BASE_TABLE, _MIGRATIONS, SCHEMA_VERSION  # (SCHEMA_VERSION, _MIGRATIONS: read from here too)
 from voice.log.wal import find_damage, in_use
+from voice.settings import PathsSettings
 
 
 class DuplicateTerminal(Exception):
@@ -374,3 +376,11 @@ def _keep_copy(path: Path) -> Path:
             shutil.copy2(p, copy / p.name)
     return copy
 
+
+def open_store(paths: PathsSettings, db: str | Path | None = None, *, read_only: bool = False) -> EventStore:
+    """The event log at `db`, else the config's, else the XDG default; a log
+    that cannot be opened is one line naming the file and the fix.
+    `read_only`: see EventStore (the commands that only read)."""
+    path = paths.db_path(db)
+    with as_usage_error(ValueError):
+        return EventStore(path, read_only=read_only)

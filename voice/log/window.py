@@ -8,7 +8,7 @@ interrupted reply never loses its marker.
 
 Reading costs the window, not the conversation: turns are read newest first
 (the log's index of turn starts), a batch at a time, until the budget is
-spent (docs/ARCHITECTURE.md, "The context budget").
+spent (docs/topics/context-budget.md).
 
 Tokens are counted by a `TokenCounter`: the model's own tokenizer when the
 server offers one, else `estimate_tokens` (see there).

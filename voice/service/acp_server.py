@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import signal
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -63,6 +61,7 @@ from voice.app import App, mcp_servers
 from voice.errors import UsageError
 from voice.log import events as ev
 from voice.service.acp_mcp import editor_servers, run_session_servers
+from voice.service.signals import cancel_on_signal
 from voice.settings import Settings
 from voice.surfaces.acp import AcpSurface, tool_title
 
@@ -423,13 +422,7 @@ def run_acp(settings: Settings, db: str | None, llm_spec: str | None) -> int:
                 guard = LineGuard(reader, writer, DEFAULT_STDIO_BUFFER_LIMIT_BYTES, cancel_session=bridge.cancel)
                 await app.announcer.attach_routed(bridge.announce)
 
-                async def on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            tg.cancel_scope.cancel()
-                            return
-
-                tg.start_soon(on_signal)
+                tg.start_soon(cancel_on_signal, tg.cancel_scope)
                 tg.start_soon(guard.run)
                 try:
                     await acp.run_agent(bridge, writer, guard.reader)  # returns at end of input

@@ -12,6 +12,7 @@ import asyncio
 import signal
 import sys
 import threading
+from functools import partial
 from concurrent.futures import CancelledError
 from typing import TextIO
 
@@ -20,6 +21,7 @@ import anyio.abc
 
 from voice.agent.approvals import unanswered
 from voice.agent.loop import AgentLoop
+from voice.service.signals import cancel_on_signal
 from voice.speech.conversation_policy import ConversationPolicy
 from voice.speech.settings import ConversationRules
 
@@ -80,14 +82,14 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
         agent.surface.read_answer = read_answer
     async with lines, anyio.create_task_group() as tg:
 
-        async def on_sigint() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    if not agent.cancel():
-                        out.write("\n")
-                        tg.cancel_scope.cancel()
+        def ctrl_c() -> bool:
+            """Stop the reply, if one is going; else end the chat."""
+            if agent.cancel():
+                return False
+            out.write("\n")
+            return True
 
-        tg.start_soon(on_sigint)
+        tg.start_soon(partial(cancel_on_signal, tg.cancel_scope, signal.SIGINT, on_signal=ctrl_c))
         expire_s = idle_gap_s if idle_gap_s is not None else 900.0
         for _, asked in unanswered(agent.store, agent.conversation, expire_s=expire_s):  # a crash left them
             result = await agent.run_turn("", source="text", asked_again=asked)

@@ -405,21 +405,20 @@ async def stream_until_stopped(path: Path, payload: dict[str, Any],
     one that inherited them blocked never saw them."""
     import signal
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # nor inherited blocked
-    ended: list[dict[str, Any] | Exception] = []  # the first reply, or why the stream failed (UsageError, Failed)
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with anyio.create_task_group() as tg:
-            async def run() -> None:
-                try:
-                    ended.append(await request(path, payload, show, stream=True))
-                except (UsageError, Failed) as exc:  # raised below as it is, not in the task group's exception group
-                    ended.append(exc)
-                tg.cancel_scope.cancel()  # the stream ended: stop watching for signals
+    from voice.service.signals import STOP_SIGNALS, cancel_on_signal
 
-            tg.start_soon(run)
-            async for _ in signals:
-                tg.cancel_scope.cancel()
-                break
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))  # nor inherited blocked
+    ended: list[dict[str, Any] | Exception] = []  # the first reply, or why the stream failed (UsageError, Failed)
+    async with anyio.create_task_group() as tg:
+        async def run() -> None:
+            try:
+                ended.append(await request(path, payload, show, stream=True))
+            except (UsageError, Failed) as exc:  # raised below as it is, not in the task group's exception group
+                ended.append(exc)
+            tg.cancel_scope.cancel()  # the stream ended: stop watching for signals
+
+        await tg.start(cancel_on_signal, tg.cancel_scope)  # taken before the request is sent
+        tg.start_soon(run)
     if ended and isinstance(ended[0], Exception):
         raise ended[0]
     return ended[0] if ended else None

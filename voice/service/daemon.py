@@ -20,7 +20,6 @@ last `[record] ring_s` seconds stay in memory for `voice ctl save DIR`.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +32,7 @@ from anyio.abc import TaskStatus
 from voice.agent.approvals import unanswered
 from voice.errors import Failed, UsageError, as_usage_error
 from voice.service.notify import notify, watchdog, watchdog_interval
+from voice.service.signals import cancel_on_signal
 from voice.settings import Settings
 
 HOLD_SILENCE_S = 1.0  # the most a silent mic block waits while the service waits (1 loop wake-up a second)
@@ -115,13 +115,10 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            notify("STOPPING=1")
-            _stderr("stopping…")
-            scope.cancel()
-            return
+def _stopping() -> bool:
+    notify("STOPPING=1")
+    _stderr("stopping…")
+    return True
 
 
 async def _run_session(session, scope: anyio.CancelScope, *, task_status: TaskStatus[None]) -> None:
@@ -162,7 +159,7 @@ class _Daemon:
             since = voice.app.store.last_seq()  # a recording holds this session's events, not the conversation's past
             session = voice.session
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_on_signal, tg.cancel_scope)
+                tg.start_soon(partial(cancel_on_signal, tg.cancel_scope, on_signal=_stopping))
                 await tg.start(ControlServer(session, self.socket, save=partial(self.save, voice, since)).serve)
                 await tg.start(_run_session, session, tg.cancel_scope)
                 notify("READY=1")

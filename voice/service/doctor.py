@@ -303,7 +303,8 @@ def _schema_budget(config: Settings, tools: list) -> Check:
 def _builtin_tools(config: Settings):
     from voice.agent.tools import default_tools
 
-    return default_tools({name: list(argv) for name, argv in config.tools.commands.items()})
+    return default_tools({name: list(argv) for name, argv in config.tools.commands.items()},
+                         approve=config.tools.approve, approve_commands=config.tools.approve_commands)
 
 
 def _kind(tool) -> str:

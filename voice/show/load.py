@@ -18,7 +18,7 @@ time, the first played sample, and where the output stopped after the
 barge-in that ended the turn.
 
 What the session writes for the picture (voice/log/events.py; the table in
-docs/ARCHITECTURE.md). Positions are sample counts from the device's start:
+docs/EVENTS.md). Positions are sample counts from the device's start:
 mic positions at 16 kHz, speaker positions at the playback buffer's rate.
 
 - `audio/clock` (mic, speaker, speaker_rate, output_latency): pairs the

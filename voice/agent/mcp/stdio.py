@@ -3,7 +3,7 @@
 The protocol (framing aside) is the official SDK's: `mcp.Client` runs the
 session, the requests and their cancellation over the two streams this
 transport yields. The SDK's own `stdio_client` is not used because it
-breaks two promises this program makes (docs/ARCHITECTURE.md, "MCP servers"):
+breaks two promises this program makes (docs/topics/mcp.md):
 
 - it merges HOME, LOGNAME, PATH, SHELL, TERM and USER of the daemon into
   the server's environment; here the environment is exactly what the
@@ -13,9 +13,15 @@ breaks two promises this program makes (docs/ARCHITECTURE.md, "MCP servers"):
   2 s more to reap; here a server is gone within `STOP_BOUND_S` (2.5 s),
   one that ignores SIGTERM included.
 
-Each server runs in its own session and process group (signals reach
-whatever it started), and dies with the daemon (`PR_SET_PDEATHSIG`): a
-`kill -9` of voice leaves no server behind.
+Nothing a server started outlives the daemon, however it was started
+(directly, or through `uvx`, `npx` or a shell script that starts the real
+server as its own child): each server runs under a guardian
+(voice/agent/mcp/guardian.py), a small process of ours in its own session
+and process group that is a child subreaper, so the server's whole tree
+stays under it. The daemon holds the only other end of a socket to it;
+when that closes (the daemon stopping the server, or dying by any means,
+`kill -9` included) or the server itself exits, the guardian stops every
+process of the tree, within the same bound.
 
 Every message, read or written, is also shown to `on_message`, so a result that arrives
 for a request we cancelled is seen and logged as late (it has no
@@ -25,37 +31,30 @@ authority: the SDK has forgotten the request by then).
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import json
 import os
 import signal
+import socket
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 import mcp_types
 from mcp.shared.message import SessionMessage
 
-# Shutdown: stdin closed, then SIGTERM to the group after STDIN_GRACE_S, then
-# SIGKILL after TERM_GRACE_S; all within STOP_BOUND_S.
+# Shutdown: stdin and the guardian's socket closed; the server's tree gets
+# STDIN_GRACE_S to leave, then SIGTERM, then SIGKILL TERM_GRACE_S later (the
+# guardian's doing); all within STOP_BOUND_S, the daemon's SIGKILL of the
+# guardian's process group the last resort.
 STDIN_GRACE_S = 0.5
 TERM_GRACE_S = 1.2
 STOP_BOUND_S = 2.5
+GUARDIAN_BOUND_S = 2.2  # the guardian's own schedule (1.7 s to SIGKILL, then rounds) ends within it
 LINE_LIMIT = 64 * 1024 * 1024  # one message; a longer line ends the connection
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec function that makes the child get SIGKILL when voice dies."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    return preexec
+GUARDIAN = Path(__file__).with_name("guardian.py")
 
 
 @dataclass
@@ -71,7 +70,7 @@ class StdioProcess:
 
 def _signal_group(pid: int, sig: int) -> None:
     try:
-        os.killpg(pid, sig)  # the group is the server's own (start_new_session)
+        os.killpg(pid, sig)  # the guardian's group (start_new_session), the server in it
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -80,12 +79,26 @@ def _signal_group(pid: int, sig: int) -> None:
 async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None, info: StdioProcess,
                           on_message: Callable[[str, dict], None] = lambda direction, message: None,
                           ) -> AsyncIterator[tuple[object, object]]:
-    """Start `argv` and yield the (read, write) streams `mcp.Client` takes.
-    Raises OSError when the program cannot start (nothing ran)."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=env, cwd=cwd or None, start_new_session=True, preexec_fn=_die_with_parent(), limit=LINE_LIMIT)
-    info.pid = proc.pid
+    """Start `argv` (under its guardian) and yield the (read, write) streams
+    `mcp.Client` takes. Raises OSError when the program cannot start
+    (nothing ran)."""
+    control, theirs = socket.socketpair()  # ours is the only other end: it closes when the daemon dies
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", str(GUARDIAN), str(theirs.fileno()), str(STDIN_GRACE_S), str(TERM_GRACE_S),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, cwd=cwd or None, start_new_session=True, pass_fds=(theirs.fileno(),), limit=LINE_LIMIT)
+    except BaseException:
+        control.close()
+        raise
+    finally:
+        theirs.close()
+    try:
+        info.pid = await _start(control, argv, env, proc.stderr)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await _stop(proc, control, StdioProcess())  # (the server did not run: `info` stays untouched)
+        raise
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](16)
     assert proc.stdin and proc.stdout and proc.stderr
@@ -143,8 +156,46 @@ async def stdio_transport(argv: list[str], env: dict[str, str], cwd: str | None,
             yield read_receive, write_send
         finally:
             with anyio.CancelScope(shield=True):
-                await _stop(proc, info)
+                await _stop(proc, control, info)
             tg.cancel_scope.cancel()
+
+
+async def _start(control: socket.socket, argv: list[str], env: dict[str, str],
+                 stderr: asyncio.StreamReader | None) -> int:
+    """Hand the guardian the server's argv and environment (exactly these:
+    its own interpreter may add to its environment) and wait for its answer:
+    the server's pid, or the error that kept it from starting."""
+    control.setblocking(False)
+    request = memoryview(json.dumps({"argv": argv, "env": env}).encode() + b"\n")
+    while request:
+        await anyio.wait_writable(control)
+        try:
+            request = request[control.send(request):]
+        except BlockingIOError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break  # it ended: said below
+    answer = b""
+    while not answer.endswith(b"\n"):
+        await anyio.wait_readable(control)
+        try:
+            chunk = control.recv(256)
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:  # it could not run (its own traceback on stderr)
+            said = b""
+            with anyio.move_on_after(1.0):
+                said = await stderr.read(4096) if stderr is not None else b""
+            tail = said.decode("utf-8", "replace").strip().splitlines()
+            raise OSError(f"the guardian of {argv[0]!r} ended before starting it" + (f": {tail[-1]}" if tail else ""))
+        answer += chunk
+    word, _, number = answer.decode().strip().partition(" ")
+    if word == "started":
+        return int(number)
+    code = int(number)
+    raise OSError(code, os.strerror(code), argv[0])
 
 
 async def _exited(proc: asyncio.subprocess.Process) -> None:
@@ -164,21 +215,18 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
         await anyio.sleep(0.005)
 
 
-async def _stop(proc: asyncio.subprocess.Process, info: StdioProcess) -> None:
-    """stdin closed, SIGTERM, SIGKILL: gone within STOP_BOUND_S. (Its own
+async def _stop(proc: asyncio.subprocess.Process, control: socket.socket, info: StdioProcess) -> None:
+    """stdin and the guardian's socket closed: the guardian takes the tree
+    down (see its schedule) and exits; gone within STOP_BOUND_S. (Its own
     waits: the transport's tasks are being cancelled with it.)"""
     with anyio.move_on_after(STOP_BOUND_S):
         if proc.returncode is None and proc.stdin is not None:
             proc.stdin.close()
-        with anyio.move_on_after(STDIN_GRACE_S):
+        control.close()
+        with anyio.move_on_after(GUARDIAN_BOUND_S):
             await _exited(proc)
-        if proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            _signal_group(proc.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
-            with anyio.move_on_after(TERM_GRACE_S):
-                await _exited(proc)
-        # What the server started in its group goes with it, even when the leader exited by itself.
-        _signal_group(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:  # the guardian is stuck: its group (it leads it) goes at once
+            _signal_group(proc.pid, signal.SIGKILL)
         await _exited(proc)
     info.returncode = proc.returncode
     info.exited.set()

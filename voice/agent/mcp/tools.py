@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import mcp_types
 from mcp.shared.exceptions import MCPError
 
+from voice.agent.approvals import needs_approval
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome
 
 if TYPE_CHECKING:
@@ -69,10 +70,6 @@ def classify(server: McpServer, tool: mcp_types.Tool) -> tuple[str, bool]:
         return "read", False
     destructive = True if hints is None or hints.destructive_hint is None else hints.destructive_hint
     return "write", destructive
-
-
-def needs_approval(policy: str, effect: str, destructive: bool) -> bool:
-    return effect == "write" and (policy == "writes" or (policy == "destructive" and destructive))
 
 
 def title(server: McpServer, tool: mcp_types.Tool) -> str:

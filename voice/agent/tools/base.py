@@ -70,6 +70,18 @@ class Tool:
     origin: str = ""  # its name at its source (an MCP server's own tool name); grants are keyed by it
     # Why it cannot be called now (an MCP server in its back-off), None when it can: nothing is asked then.
     unavailable: Callable[[], str | None] | None = None
+    # When whether a call asks, and what its "always" is kept under, depends on its arguments
+    # (run_command: the command it names): arguments -> (source, name), or None when the call does not ask.
+    asks_for: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
+
+    def approval_key(self, args: dict[str, Any]) -> tuple[str, str] | None:
+        """What this call is asked and remembered under, (source, name) as
+        `voice grants` lists it; None when it is dispatched without asking."""
+        if not self.ask_first:
+            return None
+        if self.asks_for is not None:
+            return self.asks_for(args)
+        return (self.source_id or self.source, self.origin or self.name)
 
     def schema(self) -> dict[str, Any]:
         return {
