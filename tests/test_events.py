@@ -40,6 +40,8 @@ SAMPLES: list[ev.Body] = [
     ev.SpeechSentence(message_id="3.0.0", index=0, char_start=0, char_end=3, start=4800, length=4800, handed=2400,
                       method="alignment", words=[[0, 3, 0, 4800]]),
     ev.AudioClock(mic=16000, speaker=48000, speaker_rate=48000, output_latency=960),
+    ev.DeviceLost(reason="the duplex stream stopped calling back (336 ms)", speaker=96000),
+    ev.DeviceBack(devices="mic 'default' @ 44100 Hz, speaker 'default' @ 44100 Hz", after_s=4.2, attempts=4),
     ev.ListenSpeech(start=16000, end=30000, decided=40000, for_assistant=True),
     ev.ListenWake(position=17000, model="okay_nabu"),
     ev.ListenWindow(position=17500),

@@ -30,24 +30,42 @@ class FakePortAudioError(Exception):
 
 
 class FakeSD:
-    """What LiveDevice uses of sounddevice: query_devices and three stream
-    classes. Every stream runs `blocks` callbacks then stops calling."""
+    """What LiveDevice uses of sounddevice: query_devices, three stream
+    classes, and PortAudio's re-initialisation (counted). Every stream runs
+    `blocks` callbacks then stops calling (`blocks` a list: the n-th stream
+    of its kind runs the n-th count, the last for any after it); with
+    `ends`, it then ends on its own (PortAudio's finished callback, as
+    after an error). `status(i)` gives block i's status flags. `wedged`:
+    a stopped stream's stop() never returns (PortAudio #1037) until the
+    test sets `unwedge`. `open_errors`: that many openings fail (the audio
+    server is still gone)."""
 
     def __init__(
         self,
         in_rate: float = 16000.0,
         out_rate: float = 16000.0,
         *,
-        blocks: int = 40,
+        blocks: int | list[int] = 40,
         out_latency: float = 0.05,
         query_error: Exception | None = None,
         mic=None,
+        ends: bool = False,
+        status=None,
+        wedged: bool = False,
+        open_errors: int = 0,
     ):
         self.in_rate, self.out_rate = in_rate, out_rate
         self.mic = mic or mic_block  # (block index, frames) -> that block's mic samples
         self.blocks = blocks
         self.out_latency = out_latency
         self.query_error = query_error
+        self.ends = ends
+        self.status = status or (lambda i: None)
+        self.wedged = wedged
+        self.unwedge = threading.Event()
+        self.open_errors = open_errors
+        self.failed_opens = 0
+        self.terminated = self.initialized = 0
         self.queries: list[tuple] = []
         self.streams: list[FakeStream] = []
         #: block index -> Event the stream thread waits for before that block
@@ -72,6 +90,26 @@ class FakeSD:
         self.module.Stream = Stream
         self.module.InputStream = InputStream
         self.module.OutputStream = OutputStream
+        self.module._initialized = 1
+        self.module._last_callback = None
+        self.module._terminate = self._terminate
+        self.module._initialize = self._initialize
+
+    def _terminate(self) -> None:
+        assert not [s for s in self.streams if not s.closed], "PortAudio terminated with a stream open"
+        self.terminated += 1
+
+    def _initialize(self) -> None:
+        self.initialized += 1
+
+    def blocks_of(self, kind: str) -> int:
+        if isinstance(self.blocks, int):
+            return self.blocks
+        n = sum(1 for s in self.streams if s.kind == kind) - 1
+        return self.blocks[min(n, len(self.blocks) - 1)]
+
+    def of_kind(self, kind: str) -> list[FakeStream]:
+        return [s for s in self.streams if s.kind == kind]
 
     def query_devices(self, device=None, kind=None):
         self.queries.append((device, kind))
@@ -83,6 +121,12 @@ class FakeSD:
     def stream(self, kind: str) -> FakeStream:
         [s] = [s for s in self.streams if s.kind == kind]
         return s
+
+    def opening(self) -> None:
+        """A stream is being made: fails while the server is gone."""
+        if self.failed_opens < self.open_errors:
+            self.failed_opens += 1
+            raise FakePortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
 
 
 def mic_block(index: int, frames: int) -> np.ndarray:
@@ -99,11 +143,13 @@ class FakeStream:
     callback: object
     channels: int
     dtype: str
+    finished_callback: object = None
     kind: str = "?"
     started: bool = False
     stopped: bool = False
     closed: bool = False
     calls: int = 0
+    last_call: float = 0.0  # monotonic
     outputs: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -112,7 +158,9 @@ class FakeStream:
     _thread: threading.Thread | None = None
 
     def __post_init__(self) -> None:
+        self.sd.opening()
         self.sd.streams.append(self)
+        self.blocks = self.sd.blocks_of(self.kind)
 
     @property
     def latency(self):
@@ -130,8 +178,9 @@ class FakeStream:
 
     def _run(self) -> None:
         frames = self.blocksize
+        ended = False
         try:
-            for i in range(self.sd.blocks):
+            for i in range(self.blocks):
                 gate = self.sd.gates.get(i)
                 if gate is not None and not gate.wait(timeout=5):
                     raise TimeoutError(f"gate {i} never opened")
@@ -141,22 +190,27 @@ class FakeStream:
                 info = FakeTime(t, t + 0.05, t)
                 indata = self.sd.mic(i, frames).astype(np.int16).reshape(frames, 1)
                 outdata = np.full((frames, 1), -12345, dtype=np.int16)  # garbage, as a real device gives
+                status = self.sd.status(i)
                 if self.kind == "duplex":
-                    self.callback(indata, outdata, frames, info, None)
+                    self.callback(indata, outdata, frames, info, status)
                 elif self.kind == "input":
-                    self.callback(indata, frames, info, None)
+                    self.callback(indata, frames, info, status)
                 else:
-                    self.callback(outdata, frames, info, None)
+                    self.callback(outdata, frames, info, status)
                 if self.kind != "output":
                     self.inputs.append(indata[:, 0].copy())
                 if self.kind != "input":
                     self.outputs.append(outdata.copy())
                 self.calls += 1
+                self.last_call = time.monotonic()
                 time.sleep(0.0005)  # a tiny yield, not real time
+            ended = self.sd.ends and not self._halt.is_set()
         except BaseException as exc:  # surfaced by the tests
             self.errors.append(exc)
         finally:
             self.finished.set()
+        if ended and self.finished_callback is not None:
+            self.finished_callback()
 
     def stop(self) -> None:
         self.stopped = True
@@ -165,6 +219,9 @@ class FakeStream:
             g.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.sd.wedged:  # PortAudio's callback thread never ends: neither does its stop
+            self.wedge_waits = True
+            self.sd.unwedge.wait(30)
 
     def close(self) -> None:
         assert self.stopped, "closed before stopped"
@@ -496,3 +553,211 @@ def test_a_hold_that_would_make_blocks_no_recording_can_replay_is_refused():
     with pytest.raises(ValueError, match=r"hold_silence_s = 2.5 with 32 ms blocks makes mic blocks of up to 2.564 s, "
                                          r"over the 2 s a block may be"):
         LiveDevice(block_ms=32, hold_silence_s=2.5)
+
+
+# -- a lost stream, told and reopened (issue #36; voice.audio.stream_life) -----------------------
+
+
+told_at: list[float] = []  # when run_telling's device told each change (monotonic)
+
+
+async def run_telling(dev: LiveDevice, on_mic, condition, *, timeout: float = 10.0) -> list:
+    """Run the device with an `on_audio` that keeps what it is told, until `condition(told)`."""
+    told: list = []
+    told_at.clear()
+
+    def tell(change) -> None:
+        told.append(change)
+        told_at.append(time.monotonic())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dev.run, on_mic, tell)
+        with anyio.fail_after(timeout):
+            while not condition(told):
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+    return told
+
+
+def kinds(told: list) -> list[str]:
+    return [type(t).__name__ for t in told]
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_stops_calling_is_lost_within_a_second_then_reopened_with_portaudio_refreshed(fake_sd):
+    from voice.audio.device import AudioBack, AudioLost
+
+    sd = fake_sd(16000.0, 16000.0, blocks=[20, 1000])  # the first stream goes silent after 20 blocks
+    dev = LiveDevice()
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+
+    t0 = time.monotonic()
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2 and len(mic) >= 30)
+    first, second = sd.of_kind("duplex")
+    assert 0.7 <= told_at[0] - first.last_call < 1.0, "a stall is known within a second, not before 0.7 s"
+    assert kinds(told) == ["AudioLost", "AudioBack"], told
+    lost, back = told
+    assert isinstance(lost, AudioLost) and "stopped calling back" in lost.reason, lost
+    assert isinstance(back, AudioBack) and back.attempts == 1 and back.devices == dev.describe()
+    assert back.after_s < 1.0, back  # from the loss: the 0.2 s back-off, then the first mic block
+    assert first.stopped and first.closed and first.calls == 20
+    assert sd.terminated == sd.initialized == 1  # a fresh device list, with nothing of ours open
+    assert second.started and second.stopped and second.closed  # (closed by the cancellation)
+    assert len(mic) >= 30 and time.monotonic() - t0 < 5
+    assert dev.audio_lost() is None
+
+
+@pytest.mark.anyio
+async def test_a_stream_that_ends_on_its_own_is_lost(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=[5, 1000], ends=True)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert told[0].reason == "the stream ended on its own"
+    assert len(sd.of_kind("duplex")) == 2
+
+
+@pytest.mark.anyio
+async def test_errors_on_every_block_are_a_loss_and_an_xrun_now_and_then_is_not(fake_sd):
+    flagged = {i for i in range(3, 200) if i % 7 == 0} | set(range(100, 115))  # xruns, then an error on every block
+    sd = fake_sd(16000.0, 16000.0, blocks=[400, 1000], status=lambda i: "output underflow" if i in flagged else None)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert "reported errors on 10 blocks in a row" in told[0].reason, told[0]
+    # not at the scattered xruns before block 100 (and it calls on until it is closed)
+    assert 110 <= sd.of_kind("duplex")[0].calls < 400
+
+
+@pytest.mark.anyio
+async def test_reopening_retries_with_back_off_while_the_server_is_gone_and_counts_for_the_watchdog(fake_sd):
+    sd = fake_sd(48000.0, 16000.0, blocks=[10, 1000])
+    dev = LiveDevice()
+    seen: list = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    async def watch_state() -> None:
+        while True:
+            seen.append(dev.audio_lost())
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg:
+        told: list = []
+        tg.start_soon(dev.run, on_mic, told.append)
+        tg.start_soon(watch_state)
+        with anyio.fail_after(5):
+            while not told:
+                await anyio.sleep(0.002)
+        sd.open_errors = 3  # the server is still gone: tries after 0.2, 0.4, 0.8 and 1.6 s
+        t_lost = time.monotonic()
+        with anyio.fail_after(10):
+            while len(told) < 2:
+                await anyio.sleep(0.002)
+        t_back = time.monotonic()
+        tg.cancel_scope.cancel()
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert told[1].attempts == 4, told[1]
+    assert 2.9 <= t_back - t_lost < 4.5, t_back - t_lost
+    assert dev.retries >= 4  # each loss and each try moves it (voice.service.daemon feeds the watchdog by it)
+    during = [s for s in seen if s is not None]
+    assert during and during[-1]["attempts"] == 3 and "Device unavailable" in during[-1]["error"], during[-1]
+    assert during[-1]["reason"] == told[0].reason
+    # separate input and output streams, both reopened
+    assert len(sd.of_kind("input")) == len(sd.of_kind("output")) == 2
+
+
+@pytest.mark.anyio
+async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_terminated_under_it(fake_sd, monkeypatch,
+                                                                                                 capsys):
+    """PortAudio 19.6 (#1037): the stream of a dead audio server cannot be
+    stopped. Its closing is given up after a second; the device reopens
+    without re-initialising PortAudio (which would close it, and hang)."""
+    import voice.audio.stream_life as life
+
+    silenced: list[bool] = []
+    monkeypatch.setattr(life, "_silence_c_stderr", lambda: silenced.append(True))
+    sd = fake_sd(16000.0, 16000.0, blocks=[10, 1000], wedged=True)
+    dev = LiveDevice()
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    try:
+        t0 = time.monotonic()
+        told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+        assert kinds(told) == ["AudioLost", "AudioBack"]
+        assert time.monotonic() - t0 < 4  # the stall (0.7 s), a second to give up its close, another at the cancellation
+        assert sd.terminated == sd.initialized == 0
+        assert sd.module._initialized == 0  # sounddevice's exit handler will not terminate PortAudio either
+        assert len(sd.of_kind("duplex")) == 2
+        assert silenced  # the wedged thread's endless messages (the reopened one wedges too, as it is cancelled)
+        assert "cannot be closed (a PortAudio 19.6 bug" in capsys.readouterr().err
+    finally:
+        sd.unwedge.set()
+
+
+@pytest.mark.anyio
+async def test_after_a_loss_nothing_more_is_pulled_and_heard_to_is_what_had_left_the_device(fake_sd):
+    sd = fake_sd(16000.0, 16000.0, blocks=[20, 1000])
+    dev = LiveDevice()
+    dev.buffer.enqueue("s", np.arange(1, 30001, dtype=np.int16))
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        told: list = []
+        tg.start_soon(dev.run, on_mic, told.append)
+        with anyio.fail_after(5):
+            while not told:
+                await anyio.sleep(0.002)
+        position = dev.buffer.position
+        tg.cancel_scope.cancel()
+    (lost,) = told
+    assert position == dev.buffer.handed("s") == 20 * 320  # nothing was pulled after the stall
+    # the last block's 320 samples and its 50 ms DAC delay were still in the device when it stopped
+    assert lost.heard_to == 20 * 320 - 320 - 800
+
+
+@pytest.mark.anyio
+async def test_a_stream_gets_longer_for_its_first_call_but_one_that_never_calls_is_lost(fake_sd, monkeypatch):
+    import voice.audio.stream_life as life
+
+    monkeypatch.setattr(life, "FIRST_CALL_S", 1.0)
+    sd = fake_sd(16000.0, 16000.0, blocks=[1000, 1000])
+    sd.gates[0] = first = threading.Event()  # the first stream's first call waits, as a slow start's does
+    dev = LiveDevice()
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+
+    async with anyio.create_task_group() as tg:
+        told: list = []
+        tg.start_soon(dev.run, on_mic, told.append)
+        await anyio.sleep(0.8)  # past STALL_S: not lost, it has not called yet
+        assert told == []
+        first.set()
+        with anyio.fail_after(5):
+            while len(mic) < 5:
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+    assert told == [] and len(sd.of_kind("duplex")) == 1
+
+    sd = fake_sd(16000.0, 16000.0, blocks=[0, 1000])  # never calls back
+    dev = LiveDevice()
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
+    assert told[0].reason.startswith("the duplex stream never called back ("), told[0]

@@ -444,3 +444,22 @@ async def test_speaking_text_is_what_the_speaker_says_not_the_markdown():
     assert [s.text for s in rec.sentences] == ["1, Mercury is about 58 kilometers per second fast."]
     assert surface.speaking_text() == "1, Mercury is about 58 kilometers per second fast."
     assert is_own_echo("Mercury is about 58 kilometers per second.", surface.speaking_text())
+
+
+@pytest.mark.anyio
+async def test_a_lost_speaker_delivers_what_had_come_out_of_it_not_what_was_handed():
+    """Issue #36: the audio server died with 3100 samples handed over, of
+    which only 2500 had left the speaker: the words up to 2500 were heard,
+    the rest of what was handed never played, and nothing queued plays on
+    the reopened device."""
+    surface, buf, rec = make_surface(latency=160)
+    await spoken_unit(surface, rec)
+    buf.pull(3100)
+    surface.lose(2500)
+    d = surface.delivered(REF)
+    assert d == Delivered(*expected_at(2500)[:1], words=2, samples=2500, complete=False)
+    assert UNIT_TEXT[: d.text_chars] == "First point."
+    assert surface.is_current(REF) is False
+    assert not buf.pull(1000).any()  # the reopened device: the queue was dropped at its first pull
+    assert buf.clears == [3100]
+    assert surface.delivered(REF) == d  # and stays so

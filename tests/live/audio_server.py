@@ -101,24 +101,49 @@ class AudioServer:
             self._spawn("dbus-daemon", "--session", "--nofork", "--nopidfile",
                         f"--address=unix:path={self.run_dir}/bus")
             self._wait(lambda: (self.run_dir / "bus").is_socket(), "the session bus")
-            self._spawn("pipewire")
-            self._wait(lambda: (self.run_dir / "pipewire-0").is_socket(), "pipewire")
-            self._spawn("wireplumber")  # it exits without a session bus, hence the bus first
-            self._spawn("pipewire-pulse")
-            self._wait(lambda: self.pactl("info", check=False).returncode == 0, "pipewire-pulse")
-            self.pactl("load-module", "module-null-sink", "sink_name=speaker", "channel_map=mono")
-            self.pactl("load-module", "module-null-sink", "sink_name=micfeed", "channel_map=mono")
-            self.pactl("load-module", "module-remap-source", "source_name=mic", "master=micfeed.monitor",
-                       "channel_map=mono")
-            # wireplumber may not have picked the nodes up yet: retry until the defaults stick
-            self._wait(lambda: self.pactl("set-default-sink", "speaker", check=False).returncode == 0, "the speaker")
-            self._wait(lambda: self.pactl("set-default-source", "mic", check=False).returncode == 0, "the mic")
-            self._wait(lambda: "Default Source: mic" in self.pactl("info").stdout
-                       and "Default Sink: speaker" in self.pactl("info").stdout, "the default devices")
+            self._start_server()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def kill_server(self) -> None:
+        """The audio server dies (a crash; a package upgrade restarts it):
+        pipewire, wireplumber and pipewire-pulse are killed; the session bus
+        stays, as a login's does. Their sockets are taken away, so that
+        `restart_server` waits for the new ones."""
+        servers, self.procs = self.procs[1:], self.procs[:1]
+        for proc in servers:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in servers:
+            proc.wait(5)
+        for stale in self.run_dir.glob("pipewire-0*"):
+            stale.unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / "pulse", ignore_errors=True)
+
+    def restart_server(self) -> None:
+        """The audio server again, on the same runtime directory, with the
+        same virtual devices as the defaults."""
+        self._start_server()
+
+    def _start_server(self) -> None:
+        self._spawn("pipewire")
+        self._wait(lambda: (self.run_dir / "pipewire-0").is_socket(), "pipewire")
+        self._spawn("wireplumber")  # it exits without a session bus, hence the bus first
+        self._spawn("pipewire-pulse")
+        self._wait(lambda: self.pactl("info", check=False).returncode == 0, "pipewire-pulse")
+        self.pactl("load-module", "module-null-sink", "sink_name=speaker", "channel_map=mono")
+        self.pactl("load-module", "module-null-sink", "sink_name=micfeed", "channel_map=mono")
+        self.pactl("load-module", "module-remap-source", "source_name=mic", "master=micfeed.monitor",
+                   "channel_map=mono")
+        # wireplumber may not have picked the nodes up yet: retry until the defaults stick
+        self._wait(lambda: self.pactl("set-default-sink", "speaker", check=False).returncode == 0, "the speaker")
+        self._wait(lambda: self.pactl("set-default-source", "mic", check=False).returncode == 0, "the mic")
+        self._wait(lambda: "Default Source: mic" in self.pactl("info").stdout
+                   and "Default Sink: speaker" in self.pactl("info").stdout, "the default devices")
 
     def stop(self) -> None:
         """End the processes this instance started (each in its own session)."""

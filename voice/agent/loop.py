@@ -78,6 +78,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         self._turn_over: anyio.Event | None = None  # set as the running turn's scope closes
         self._state: _TurnState | None = None
         self._cancel_outcome = ev.ABORTED
+        self._cancel_reason: str | None = None  # turn/end's reason, for a cancel that gives one
         self.current_turn: int | None = None
         self.window = MovingWindow()  # where the context window stands; summaries and warming in idle time
         self._early_count = 0
@@ -90,14 +91,15 @@ class AgentLoop(RunningCalls, AskingFirst):
 
     # -- public ------------------------------------------------------------
 
-    def cancel(self, outcome: str = ev.ABORTED) -> bool:
+    def cancel(self, outcome: str = ev.ABORTED, reason: str | None = None) -> bool:
         """Stop the running turn: `aborted` when the person stopped it
-        (barge-in, Ctrl-C), `interrupted` for a shutdown. Returns False if
-        no turn runs."""
+        (barge-in, Ctrl-C), `interrupted` for a shutdown or a lost sound
+        card (`reason` audio_lost, on its turn/end). Returns False if no
+        turn runs."""
         self.cancel_idle()
         if self._scope is None:
             return False
-        self._cancel_outcome = outcome
+        self._cancel_outcome, self._cancel_reason = outcome, reason
         self._scope.cancel()
         return True
 
@@ -170,7 +172,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             self.store.record(self.conversation, message, turn=turn)
         state = _TurnState(turn, early=early, asked_again=asked_again)
         self._state = state
-        self._cancel_outcome = ev.ABORTED
+        self._cancel_outcome, self._cancel_reason = ev.ABORTED, None
         self.current_turn = turn
         outcome = ev.ABORTED
         with anyio.CancelScope() as scope:
@@ -179,8 +181,9 @@ class AgentLoop(RunningCalls, AskingFirst):
                 outcome = await self._run_steps(state)
             except anyio.get_cancelled_exc_class():
                 outcome = self._cancel_outcome if scope.cancel_called else ev.INTERRUPTED
+                reason = self._cancel_reason if scope.cancel_called else None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_bound_s):
-                    await self._record_cancel(state, outcome)
+                    await self._record_cancel(state, outcome, reason)
                 raise
             finally:
                 over, self._turn_over = self._turn_over, None
@@ -393,7 +396,7 @@ class AgentLoop(RunningCalls, AskingFirst):
 
     # -- cancellation ------------------------------------------------------
 
-    async def _record_cancel(self, state: _TurnState, outcome: str) -> None:
+    async def _record_cancel(self, state: _TurnState, outcome: str, reason: str | None = None) -> None:
         await self.surface.stop()
         if state.streaming is not None:
             ref, assembler = state.streaming.ref, state.streaming.assembler
@@ -417,7 +420,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         if state.step_open:
             rows.step_end(self.store, self._at(state), outcome)
             state.step_open = False
-        self._end_turn(state, outcome)
+        self._end_turn(state, outcome, **({"reason": reason} if reason else {}))
 
     def _end_turn(self, state: _TurnState, outcome: str, **why: str) -> None:
         self.before_turn_end(state.turn)

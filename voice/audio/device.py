@@ -10,6 +10,7 @@ to 16 kHz: the echo canceller's reference, tapped at write time.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from voice.audio.playback import PlaybackBuffer
@@ -24,6 +25,28 @@ MAX_MIC_BLOCK = 2 * MIC_RATE
 OnMic = Callable[[bytes, bytes], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class AudioLost:
+    """The sound card went away (the audio server died, the headset was
+    unplugged): nothing is heard or played until `AudioBack`."""
+
+    reason: str  # the error, or the stall, in words
+    heard_to: int  # speaker position: what was handed over before it was heard out of the speaker
+
+
+@dataclass(frozen=True)
+class AudioBack:
+    """The device is streaming again, after `after_s` and `attempts` tries."""
+
+    devices: str  # describe() of what is in use now
+    after_s: float
+    attempts: int
+
+
+# Told (on the event loop) when the audio comes and goes; a replay never loses it.
+OnAudio = Callable[[AudioLost | AudioBack], None]
+
+
 class AudioDevice(Protocol):
     buffer: PlaybackBuffer  # at the output rate
 
@@ -34,8 +57,15 @@ class AudioDevice(Protocol):
         """Samples between `pull` and the sound leaving the speaker."""
         ...
 
-    async def run(self, on_mic: OnMic) -> None:
-        """Stream until cancelled (live) or until the scenario is over (replay)."""
+    async def run(self, on_mic: OnMic, on_audio: OnAudio | None = None) -> None:
+        """Stream until cancelled (live) or until the scenario is over
+        (replay); a live device that loses its sound card says so to
+        `on_audio` and reopens it."""
         ...
 
     def describe(self) -> str: ...
+
+    def audio_lost(self) -> dict | None:
+        """While the sound card is lost: {since (monotonic), reason,
+        attempts, error (the last try's)}; None while it streams."""
+        ...

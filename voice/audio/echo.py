@@ -62,6 +62,11 @@ class EchoCanceller:
         except ImportError as exc:  # the wheel is missing or broken on this platform
             raise EchoUnavailable(f"echo cancellation needs the livekit package ({exc}): pip install livekit") from None
         self._rtc = rtc
+        self.restart()
+
+    def restart(self) -> None:
+        """Start afresh, as on a new echo path (a reopened sound card)."""
+        rtc = self._rtc
         # Noise suppression hurt double-talk in the measurements; AGC would fight the VAD's volume gate.
         self._apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True,
                                               noise_suppression=False, auto_gain_control=False)

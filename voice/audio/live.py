@@ -26,9 +26,10 @@ import anyio
 import numpy as np
 import soxr
 
-from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, OnMic
+from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic
 from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
+from voice.audio.stream_life import CHECK_S, Backoff, StreamWatch, close_streams, forget_wedged, refresh_portaudio
 
 
 class AudioUnavailable(RuntimeError):
@@ -52,6 +53,13 @@ class LiveDevice:
     _in_rate: int = MIC_RATE
     _out_rate: int = MIC_RATE
     _names: tuple[str, str] = ("", "")
+    # The streams' life (voice.audio.stream_life): reopening tries and losses, counted (the
+    # watchdog is fed by them while the device is lost); the loss being recovered from;
+    # streams that would not close.
+    retries: int = 0
+    _lost: dict | None = None
+    _wedged: list = field(default_factory=list)
+    _ever_opened: bool = False
 
     def __post_init__(self) -> None:
         # Held silence and the block that ends it leave as one block: it must stay a block a
@@ -65,16 +73,24 @@ class LiveDevice:
         except OSError as exc:  # the PortAudio library is missing
             raise AudioUnavailable(f"PortAudio is not installed ({exc}): apt-get install libportaudio2") from None
         try:
-            ins = sd.query_devices(self.input_device, "input")
-            outs = sd.query_devices(self.output_device, "output")
+            self._query(sd)
         except (sd.PortAudioError, ValueError) as exc:  # no sound card, or no such device
             raise AudioUnavailable(
                 f"no usable audio device ({exc}); list devices with `{sys.executable} -m sounddevice`, pick one with "
                 "[audio] input/output in the config, or use `voice replay` on a headless machine"
             ) from None
-        self._in_rate, self._out_rate = int(ins["default_samplerate"]), int(outs["default_samplerate"])
-        self._names = (ins["name"], outs["name"])
         self.buffer = PlaybackBuffer(self._out_rate)
+
+    def _query(self, sd) -> None:
+        """The devices' names and rates, from PortAudio's list. Once the
+        playback buffer exists the speaker keeps its rate (the pipeline's):
+        a reopened one is opened at it."""
+        ins = sd.query_devices(self.input_device, "input")
+        outs = sd.query_devices(self.output_device, "output")
+        self._in_rate = int(ins["default_samplerate"])
+        if not hasattr(self, "buffer"):
+            self._out_rate = int(outs["default_samplerate"])
+        self._names = (ins["name"], outs["name"])
 
     @property
     def out_rate(self) -> int:
@@ -90,14 +106,97 @@ class LiveDevice:
     def describe(self) -> str:
         return f"mic {self._names[0]!r} @ {self._in_rate} Hz, speaker {self._names[1]!r} @ {self._out_rate} Hz"
 
-    async def run(self, on_mic: OnMic) -> None:
+    def audio_lost(self) -> dict | None:
+        """While the sound card is lost: since when (monotonic), why, how
+        many reopening tries, the last one's error. None while it streams."""
+        return dict(self._lost) if self._lost is not None else None
+
+    async def run(self, on_mic: OnMic, on_audio: OnAudio | None = None) -> None:
+        """Stream until cancelled. A lost stream (voice.audio.stream_life) is
+        told to `on_audio` (`AudioLost`), closed, and reopened with back-off
+        for as long as it takes; `AudioBack` once mic audio comes again."""
         import sounddevice as sd
 
+        tell = on_audio or (lambda change: None)
+        backoff = Backoff()
+        while True:
+            streams: list = []  # those opened so far: closed again whatever happens next
+            watch = None
+            try:
+                try:
+                    if self._ever_opened:  # PortAudio's device list as the system has it now (each try: one
+                        refresh_portaudio(sd, self._wedged)  # made while the server was away is empty)
+                    watch, receive, deliver = self._open(sd, streams, first=not self._ever_opened)
+                except (sd.PortAudioError, ValueError, AudioUnavailable) as exc:
+                    if not self._ever_opened:
+                        raise
+                    self.retries += 1
+                    self._lost["attempts"] += 1
+                    self._lost["error"] = str(exc)
+                    await anyio.sleep(backoff.next())
+                    continue
+                self._ever_opened = True
+                await self._stream(watch, receive, deliver, on_mic, tell)
+            finally:
+                if watch is not None:
+                    watch.closing = True
+                with anyio.CancelScope(shield=True):
+                    closed = await close_streams(streams, self._wedged)
+                if not closed:
+                    forget_wedged(sd, streams, watch.threads if watch is not None else set())
+                    print("voice: warning: the lost audio stream cannot be closed (a PortAudio 19.6 bug, "
+                          "PortAudio #1037): its thread is left at idle priority and PortAudio's messages are "
+                          "silenced; restart the service to free it", file=sys.stderr, flush=True)
+                self._last_block = None
+            # The streams are lost (a cancellation does not come here): reopen them.
+            self.retries += 1
+            backoff = Backoff()
+            await anyio.sleep(backoff.next())
+
+    async def _stream(self, watch: StreamWatch, receive, deliver, on_mic: OnMic, tell) -> None:
+        """Hand mic blocks on until the streams are lost (told at once, before
+        they are closed)."""
+        async with receive:
+            while True:
+                blocks = None
+                with anyio.move_on_after(CHECK_S):
+                    blocks = await receive.receive()
+                if blocks is not None:
+                    if self._lost is not None:  # mic audio again: the device is back
+                        since = self._lost
+                        self._lost = None
+                        tell(AudioBack(self.describe(), time.monotonic() - since["since"], since["attempts"] + 1))
+                    await deliver(blocks, on_mic)
+                now = time.monotonic()
+                found = watch.check(now)
+                if found is not None:
+                    reason, stopped = found
+                    heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
+                    if self._lost is None:  # (lost again before it was back: the same loss)
+                        self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None}
+                        tell(AudioLost(reason, heard_to))
+                    return
+
+    def _unplayed_at(self, t: float) -> int:
+        """Samples handed to the device and not out of it at time `t`."""
+        if self._last_block is None:
+            return round(self._latency_s * self._out_rate)
+        called, delay, frames = self._last_block
+        return unplayed(frames, delay, max(0.0, t - called), self._out_rate)
+
+    def _open(self, sd, streams: list, *, first: bool):
+        """Open and start the streams (into `streams` as each opens), with
+        the callbacks of this opening; returns its watch, the mic blocks'
+        receiving end and how to hand a list of them on."""
         loop = asyncio.get_running_loop()
+        if not first:  # a reopening: the devices as the system has them now, at the speaker's rate
+            self._query(sd)
         send, receive = anyio.create_memory_object_stream[list[np.ndarray]](64)
         hold = (SilenceHold(self._in_rate, self._out_rate, floor_dbfs=self.hold_floor_dbfs,
                             quiet_s=self.hold_after_quiet_s, max_s=self.hold_silence_s)
                 if self.hold_silence_s > 0 else None)
+        duplex = self._in_rate == self._out_rate
+        watch = StreamWatch(self.block_ms / 1000, ("duplex",) if duplex else ("input", "output"))
 
         def put(block: list[np.ndarray]) -> None:
             try:
@@ -105,22 +204,28 @@ class LiveDevice:
             except anyio.WouldBlock:
                 self.dropped_blocks += 1  # the loop fell behind: drop mic audio, never block the callback
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass  # shutting down: the reader is gone
+                pass  # shutting down, or lost: the reader is gone
 
         played: deque[np.ndarray] = deque()  # the echo reference, appended at write time
 
         def on_output(outdata, frames, time_info, status) -> None:
-            # Stamped before the pull: a reader that pairs it with the position before the pull
-            # counts a block less as heard, never more.
-            delay = time_info.outputBufferDacTime - time_info.currentTime
-            self._last_block = (time.monotonic(), delay, frames) if 0 < delay < 1 else None
-            samples = self.buffer.pull(frames)  # never written again: the echo reference keeps it as it is
+            with watch.lock:
+                if not watch.called("duplex" if duplex else "output", status):
+                    outdata.fill(0)  # lost: the speaker position stays where the sound stopped
+                    return
+                # Stamped before the pull: a reader that pairs it with the position before the pull
+                # counts a block less as heard, never more.
+                delay = time_info.outputBufferDacTime - time_info.currentTime
+                self._last_block = (time.monotonic(), delay, frames) if 0 < delay < 1 else None
+                samples = self.buffer.pull(frames)  # never written again: the echo reference keeps it as it is
             outdata[:, 0] = samples
             played.append(samples)
             if hold is not None:
                 hold.played(samples, silent=samples is silence(frames))
 
         def on_input(indata, frames, time_info, status) -> None:
+            if not duplex and not watch.called("input", status):
+                return
             block = indata[:, 0].copy()
             blocks = hold.take(block) if hold is not None else [block]
             if blocks:  # (none: held, silence while the service waits)
@@ -128,47 +233,45 @@ class LiveDevice:
 
         def on_duplex(indata, outdata, frames, time_info, status) -> None:
             on_output(outdata, frames, time_info, status)
-            on_input(indata, frames, time_info, status)
+            if watch.lost is None:
+                on_input(indata, frames, time_info, status)
 
         resampler = soxr.ResampleStream(self._in_rate, MIC_RATE, 1, dtype="int16") if self._in_rate != MIC_RATE else None
         ref_resampler = (soxr.ResampleStream(self._out_rate, MIC_RATE, 1, dtype="int16")
                          if self._out_rate != MIC_RATE else None)
-        streams: list = []  # those opened so far: closed again whatever happens next
-        try:
-            try:
-                latency = self._open_streams(sd, streams, on_duplex, on_input, on_output)
-                for s in streams:
-                    s.start()
-            except sd.PortAudioError as exc:  # listed, but it will not open: busy, or gone since the query
-                raise AudioUnavailable(
-                    f"the audio device would not open (mic {self._names[0]!r}, speaker {self._names[1]!r}: {exc}); "
-                    f"close what else uses it, or list devices with `{sys.executable} -m sounddevice` and pick one "
-                    "with [audio] input/output in the config") from None
-            self._latency_s = float(latency())
-            async with receive:
-                async for blocks in receive:
-                    # Held silence first, then the block just captured; what played meanwhile
-                    # goes with the last (the held blocks were captured while the speaker was silent).
-                    for i, block in enumerate(blocks):
-                        if resampler is not None:
-                            block = resampler.resample_chunk(block)
-                        reference = np.zeros(0, np.int16)
-                        if i == len(blocks) - 1:
-                            reference = np.concatenate([played.popleft() for _ in range(len(played))] or [reference])
-                            if ref_resampler is not None:
-                                reference = ref_resampler.resample_chunk(reference)
-                        await on_mic(block.tobytes(), reference.tobytes())
-        finally:
-            for s in streams:
-                s.stop()
-                s.close()
-            self._last_block = None
 
-    def _open_streams(self, sd, streams: list, on_duplex, on_input, on_output) -> Callable[[], float]:
+        async def deliver(blocks: list[np.ndarray], on_mic: OnMic) -> None:
+            # Held silence first, then the block just captured; what played meanwhile
+            # goes with the last (the held blocks were captured while the speaker was silent).
+            for i, block in enumerate(blocks):
+                if resampler is not None:
+                    block = resampler.resample_chunk(block)
+                reference = np.zeros(0, np.int16)
+                if i == len(blocks) - 1:
+                    reference = np.concatenate([played.popleft() for _ in range(len(played))] or [reference])
+                    if ref_resampler is not None:
+                        reference = ref_resampler.resample_chunk(reference)
+                await on_mic(block.tobytes(), reference.tobytes())
+
+        try:
+            latency = self._open_streams(sd, streams, on_duplex, on_input, on_output, watch.ended)
+            for s in streams:
+                s.start()
+        except sd.PortAudioError as exc:  # listed, but it will not open: busy, or gone since the query
+            if not first:
+                raise
+            raise AudioUnavailable(
+                f"the audio device would not open (mic {self._names[0]!r}, speaker {self._names[1]!r}: {exc}); "
+                f"close what else uses it, or list devices with `{sys.executable} -m sounddevice` and pick one "
+                "with [audio] input/output in the config") from None
+        self._latency_s = float(latency())
+        return watch, receive, deliver
+
+    def _open_streams(self, sd, streams: list, on_duplex, on_input, on_output, ended) -> Callable[[], float]:
         """Into `streams` as each opens: one duplex stream when both sides run
         at one rate, else an input and an output stream. Returns how to read
         the output latency."""
-        common = dict(channels=1, dtype="int16")
+        common = dict(channels=1, dtype="int16", finished_callback=ended)
         if self._in_rate == self._out_rate:
             streams.append(sd.Stream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
                                      device=(self.input_device, self.output_device), callback=on_duplex, **common))

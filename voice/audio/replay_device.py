@@ -28,7 +28,7 @@ from typing import Protocol
 import anyio
 import numpy as np
 
-from voice.audio.device import MIC_RATE, OnMic
+from voice.audio.device import MIC_RATE, OnAudio, OnMic
 from voice.audio.playback import PlaybackBuffer
 
 BLOCK = MIC_RATE // 50  # 20 ms
@@ -137,6 +137,9 @@ class ReplayDevice:
     def output_latency(self) -> int:
         return 0
 
+    def audio_lost(self) -> None:
+        return None  # a scenario's sound card never goes away
+
     def describe(self) -> str:
         return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
 
@@ -157,7 +160,8 @@ class ReplayDevice:
                 return ms
         return 0.0
 
-    async def run(self, on_mic: OnMic) -> None:
+    async def run(self, on_mic: OnMic, on_audio: OnAudio | None = None) -> None:
+        # (a scenario's sound card never goes away: `on_audio` is never told)
         limit = int(self.scenario.max_duration * MIC_RATE)
         tail = int(self.scenario.tail * MIC_RATE)
         idle_since: int | None = None

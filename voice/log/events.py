@@ -31,9 +31,9 @@ from typing import Any, Final
 # The bodies live by family in voice.log.bodies; this module is the one to import them from.
 from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAIToolCall, Route, TimedDelta, blocks_text,
                                    optional)
-from voice.log.bodies.speech import (AudioClock, LateOutput, ListenControl, ListenSpeech, ListenWake, ListenWindow,
-                                     SpeechCleared, SpeechConfirmed, SpeechPaused, SpeechPlayed, SpeechResumed,
-                                     SpeechSentence)
+from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, LateOutput, ListenControl, ListenSpeech,
+                                     ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed, SpeechPaused,
+                                     SpeechPlayed, SpeechResumed, SpeechSentence)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -95,6 +95,8 @@ SPEECH_CONFIRMED: Final = SpeechConfirmed.TYPE
 SPEECH_CLEARED: Final = SpeechCleared.TYPE
 SPEECH_SENTENCE: Final = SpeechSentence.TYPE
 AUDIO_CLOCK: Final = AudioClock.TYPE
+AUDIO_LOST: Final = DeviceLost.TYPE
+AUDIO_BACK: Final = DeviceBack.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LISTEN_WINDOW: Final = ListenWindow.TYPE
@@ -119,7 +121,8 @@ DURABLE_TYPES: Final = frozenset(t for t, b in BODIES.items() if b.DURABLE)
 # turn/end outcomes
 COMPLETED: Final = "completed"
 ABORTED: Final = "aborted"  # the person stopped it
-INTERRUPTED: Final = "interrupted"  # crash or shutdown
+INTERRUPTED: Final = "interrupted"  # crash or shutdown, or the sound card went away (reason AUDIO_LOST)
+AUDIO_LOST_REASON: Final = "audio_lost"  # turn/end's reason when the sound card went away mid-turn
 ERROR: Final = "error"
 TURN_OUTCOMES: Final = frozenset({COMPLETED, ABORTED, INTERRUPTED, ERROR})
 

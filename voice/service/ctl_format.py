@@ -51,12 +51,20 @@ def _status(r: dict[str, Any]) -> list[str]:
         + (f', wake word "{listen["wake_word"].replace("_", " ")}"' if listen.get("wake_word") else ""),
         f"turn: {turn if turn is not None else 'none running'}",
         f"conversation: {r.get('conversation')}",
-        f"audio: {r.get('device')}",
+        _audio(r),
         f"speech: whisper {r.get('stt')}, {r.get('tts')}",
         f"language model: {model}",
         f"muted: {'yes' if r.get('muted') else 'no'}",
     ] + ([f"waiting for an answer: {r['question']} (voice ctl approve|deny)"] if r.get("question") else []) + (
         ["mcp servers: " + ", ".join(f"{name} {state}" for name, state in r["mcp"].items())] if r.get("mcp") else [])
+
+
+def _audio(r: dict[str, Any]) -> str:
+    lost = r.get("audio_lost")
+    if not lost:
+        return f"audio: {r.get('device')}"
+    tries = f"{lost['attempts']} tries so far" + (f", the last: {lost['error']}" if lost.get("error") else "")
+    return f"audio: lost {lost['seconds']:.0f} s ago, retrying ({lost['reason']}; {tries})"
 
 
 def _say(r: dict[str, Any]) -> list[str]:

@@ -4,8 +4,10 @@ after the scenario's audio ends until it is stopped.
 
 Lifecycle: READY=1 once the models are loaded and mic audio reaches the VAD;
 WATCHDOG=1 only while the pipeline's own heartbeat advances (mic blocks
-reach the VAD), so a stalled pipeline is restarted by systemd, not kept
-alive by a healthy-looking process; STOPPING=1 on SIGTERM/SIGINT, then the
+reach the VAD) or, while the sound card is lost, the live device keeps
+trying to reopen it (voice.audio.stream_life: alive and trying is not
+hung), so a stalled pipeline is restarted by systemd, not kept alive by a
+healthy-looking process; STOPPING=1 on SIGTERM/SIGINT, then the
 cancellation protocol (the turn is closed `interrupted` with its delivered
 prefix recorded, tools terminated) and exit 0 within `shutdown_s`.
 
@@ -167,8 +169,10 @@ class _Daemon:
                                            expire_s=self.settings.conversation.idle_gap_s):
                     tg.start_soon(session.ask_again, asked)
                 interval = watchdog_interval()
-                if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD
-                    tg.start_soon(watchdog, lambda: session.listen.position, interval)
+                if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD,
+                    # or, while the sound card is lost, the device keeps trying to reopen it
+                    tg.start_soon(watchdog, lambda: (session.listen.position, getattr(self.device, "retries", 0)),
+                                  interval)
             if self.record is not None:  # the session has ended: its events and scenario join the sound
                 self.save_record(voice, since)
 

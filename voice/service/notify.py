@@ -40,7 +40,7 @@ def watchdog_interval() -> float | None:
     return int(usec) / 2e6
 
 
-async def watchdog(progress: Callable[[], int], interval: float, send: Callable[[str], object] = notify) -> None:
+async def watchdog(progress: Callable[[], object], interval: float, send: Callable[[str], object] = notify) -> None:
     """Send WATCHDOG=1 every `interval` only while `progress()` moves: a
     stalled pipeline stops the keep-alives, and systemd restarts it."""
     last = progress()

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from voice.log import events as ev
 from voice.log.conversations import NewConversation
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
+from voice.speech.audio_loss import AudioChanges
 from voice.speech.barge_in import BargeInController
 from voice.speech.pipeline import (
     ConverseProcessor,
@@ -161,7 +163,8 @@ class VoiceSession:
             try:  # from here on the shutdown below always runs: the shielded pipeline needs it to end
                 if self.announcer is not None:
                     await self.announcer.attach(p.surface.notice)
-                await self.device.run(on_mic)
+                await self.device.run(on_mic, AudioChanges(log=p.log, surface=p.surface, agent=p.agent,
+                                                           transcript=self.transcript, restart_echo=self._restart_echo))
             finally:
                 with anyio.CancelScope(shield=True):
                     # All of it within shutdown_s: a share is kept for cutting the pipeline short.
@@ -181,6 +184,11 @@ class VoiceSession:
                         pipeline_scope.cancel()  # pipecat's own tasks may be left; its VAD thread is not
                         await p.listen.release_vad()
                 tg.cancel_scope.cancel()
+
+    def _restart_echo(self) -> None:
+        """A reopened sound card is a new echo path: the canceller starts afresh."""
+        if self.echo is not None:
+            self.echo.restart()
 
     def idle(self) -> bool:
         """Nothing heard, thought or said is pending (a turn that waits for
@@ -256,12 +264,21 @@ class VoiceSession:
         return {"state": self.state(), "turn": p.agent.current_turn, "conversation": self.conversation,
                 "question": waiting[-1].question if waiting else None,
                 "mcp": {s.spec.name: s.state for s in mcp.servers} if mcp is not None else {},
-                "device": self.device.describe(), "stt": self.stt_name, "tts": "piper en_US-joe-medium",
+                "device": self.device.describe(), "audio_lost": self._audio_lost(),
+                "stt": self.stt_name, "tts": "piper en_US-joe-medium",
                 "llm": {"provider": route.provider, "model": route.model, "base_url": route.base_url},
                 "muted": p.listen.muted,
                 "listen": {"mode": gate.mode if gate else "open",
                            "state": gate.state(p.listen.position / MIC_RATE) if gate else "open",
                            "wake_word": self.wake_word}}
+
+    def _audio_lost(self) -> dict[str, Any] | None:
+        """While the sound card is lost: for how long, why, the reopening tries."""
+        lost = self.device.audio_lost()
+        if lost is None:
+            return None
+        return {"seconds": round(time.monotonic() - lost["since"], 1), "reason": lost["reason"],
+                "attempts": lost["attempts"], "error": lost["error"]}
 
     async def say(self, text: str, source: str = "text") -> TurnResult | NewConversation:
         """A typed turn, answered by voice; returns its result. Raises

@@ -13,7 +13,9 @@ through this one observer, so the session and its processors write none.
 - `control(command)`: `listen/control`, a `voice ctl mute|unmute|cancel|new`
   at the mic position it came (a saved session replays it there);
 - `user_stop(...)`: `user/stop`, the person's stop, in its place in the
-  turn order (from the turn runner).
+  turn order (from the turn runner);
+- `audio_lost(change, turn)`, `audio_back(change)`: `audio/lost` and
+  `audio/back`, the sound card going and coming (voice.speech.audio_loss).
 
 The conversation is read at each write (the agent's current one: it
 changes when a conversation ends); the mic position likewise.
@@ -25,7 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.agent.surface import UnitRef
-from voice.log.events import AudioClock, Body, ListenControl, SpeechSentence, UserStop
+from voice.audio.device import AudioBack, AudioLost
+from voice.log.events import AudioClock, Body, DeviceBack, DeviceLost, ListenControl, SpeechSentence, UserStop
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -76,3 +79,11 @@ class SpeechLog:
         own (it is not a request), filed under the turn it stopped."""
         self.store.record(self._conversation(), UserStop(content=text, source=source, intent=intent,
                                                          stopped_turn=stopped_turn), turn=stopped_turn)
+
+    def audio_lost(self, change: AudioLost, turn: int | None) -> None:
+        """audio/lost, filed under the turn it cut (if one ran)."""
+        self.store.record(self._conversation(), DeviceLost(reason=change.reason, speaker=change.heard_to), turn=turn)
+
+    def audio_back(self, change: AudioBack) -> None:
+        self.store.record(self._conversation(), DeviceBack(devices=change.devices, after_s=round(change.after_s, 3),
+                                                           attempts=change.attempts), turn=None)

@@ -107,6 +107,7 @@ class _Unit:
     closed: bool = False  # the stream is closed: every sentence of it is in `sentences`
     current: bool = True
     stopped: bool = False
+    heard_to: int | None = None  # stopped by a lost speaker: what had come out of it (a device position)
     logged: bool = False  # its speech/sentence bodies were handed on
 
     @property
@@ -198,7 +199,7 @@ class VoiceSurface:
             if audio.method == "failed":  # synthesis failed: nothing of it was heard
                 unsaid = True
                 continue
-            heard = self.buffer.handed(s.key) if unit.stopped else self.buffer.heard(s.key, latency)
+            heard = self._heard_when_stopped(unit, s.key) if unit.stopped else self.buffer.heard(s.key, latency)
             samples += heard
             played_words = [w for w in audio.words if w.end <= heard]
             if not unsaid:  # the delivered prefix stops at the first sentence that was not said
@@ -237,6 +238,27 @@ class VoiceSurface:
                 await self._arm().wait()
         for unit in stopped:  # what was handed over is now final
             self._hand_on_sentences(unit)
+
+    def lose(self, heard_to: int) -> None:
+        """The speaker went away (voice.speech.audio_loss): what the current
+        units delivered is what had come out of it by device position
+        `heard_to`, not what was handed to it; the rest never plays (the
+        queue is dropped at the next pull, of the reopened device)."""
+        lost = [unit for unit in self._units.values() if unit.current]
+        for unit in lost:
+            unit.current, unit.stopped, unit.heard_to = False, True, heard_to
+        self.buffer.request_clear()
+        for unit in lost:
+            self._hand_on_sentences(unit)
+        self._notify()
+
+    def _heard_when_stopped(self, unit: _Unit, key) -> int:
+        """A stopped unit's samples heard: after `stop()` what was handed
+        over plays out; after `lose()` only what had left the speaker."""
+        if unit.heard_to is None:
+            return self.buffer.handed(key)
+        span = self.buffer.span(key)
+        return 0 if span is None else max(0, min(span[1] - span[0], unit.heard_to - span[0]))
 
     async def notice(self, text: str) -> None:
         """The assistant's own message (a timer, an error): written whole to

@@ -90,6 +90,26 @@ class AudioClock(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeviceLost(Body):
+    """The sound card went away (voice.audio.stream_life): nothing is heard
+    or played until `audio/back`; a reply it cut ends `interrupted`."""
+
+    TYPE = "audio/lost"
+    reason: str  # the error, or the stall, in words
+    speaker: int  # speaker position: what had come out of the speaker when the sound stopped
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceBack(Body):
+    """The sound card streams again (mic audio reached the service)."""
+
+    TYPE = "audio/back"
+    devices: str  # the devices now in use
+    after_s: float  # since `audio/lost`
+    attempts: int  # openings tried
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListenSpeech(Body):
     """One stretch of speech the VAD heard (mic positions), written when it ended."""
 
