@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from common import AUDIO, run_replay, stats  # noqa: E402
-from llm_server import missing, running_server  # noqa: E402
+from llm_server import SERVER_NICE, missing, running_server  # noqa: E402
 from replays import read_events, v2v_breakdown  # noqa: E402
 
 # Whole sentences without a pause Silero would take for an end of turn, one or two per speaker.
@@ -99,8 +99,9 @@ def main() -> int:
     parser.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model (default: the config's)")
     parser.add_argument("--clips", nargs="+", metavar="WAV", help="only these clips (names as in HUMAN, ESPEAK)")
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--server-nice", type=int, default=0,
-                        help="run the server at this niceness (e.g. 5: below the voice, as docs/llm-servers.md advises)")
+    parser.add_argument("--server-nice", type=int, default=SERVER_NICE,
+                        help=f"run the server this far below the voice's priority (default {SERVER_NICE}, as "
+                             "docs/llm-servers.md advises; 0: beside it)")
     parser.add_argument("--turns", type=int, help="the long-conversation mode: this many typed turns (e.g. 200)")
     parser.add_argument("--context-tokens", type=int, default=1024, help="llm.context_tokens there (default 1024)")
     parser.add_argument("--pause-s", type=float, default=1.0, help="there: typing pause after each reply (default 1)")
@@ -119,8 +120,7 @@ def main() -> int:
     clips = [AUDIO / "human" / c for c in HUMAN] + [AUDIO / c for c in ESPEAK]
     clips = [c for c in clips if not args.clips or c.name in args.clips]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as server:
-        server.renice(args.server_nice)
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), nice=args.server_nice) as server:
         for clip in clips:
             row = one(clip, server, Path(tmp), args.stt_model)
             rows.append(row)
@@ -167,7 +167,7 @@ def long_conversation_mode(args) -> int:
 
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, running_server(
-            Path(tmp), n_ctx=max(1024, args.context_tokens),
+            Path(tmp), n_ctx=max(1024, args.context_tokens), nice=args.server_nice,
             extra_args=("--cache", "true") if args.server_ram_cache else ()) as server:
         turns, stopped = anyio.run(lambda: lc.converse(
             server.base_url, server.model, server.log_path, Path(tmp), args.turns, context_tokens=args.context_tokens,

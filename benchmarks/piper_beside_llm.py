@@ -111,7 +111,8 @@ def main() -> int:
     for engine in engines.values():
         time_synthesis(engine, 2)  # warm-up: the first runs allocate
     result: dict = {"load_before": os.getloadavg(), "cases": {}}
-    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp)) as server:
+    # Started at the lowest niceness asked for: raising it later needs no privilege, lowering it would.
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), nice=min(args.server_nice)) as server:
         for threads, engine in engines.items():
             name = f"threads={threads or 'default'}"
             result["cases"][f"{name} alone"] = summary(time_synthesis(engine, args.runs))

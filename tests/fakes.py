@@ -106,6 +106,7 @@ class WordTts:
 
     rate: int = 16000
     word_ms: int = 200
+    compute_s: float = 0.0  # how long synthesizing a sentence blocks (real time, in the executor, as Piper does)
     words: dict[int, SpokenWord] = field(default_factory=dict)  # code -> word, every word ever synthesized
     _lock: threading.Lock = field(default_factory=threading.Lock)  # synthesis runs in the executor
 
@@ -114,6 +115,8 @@ class WordTts:
         return self.rate * self.word_ms // 1000
 
     def synthesize(self, text: str) -> SpeechAudio:
+        if self.compute_s:
+            time.sleep(self.compute_s)
         n = self.word_samples
         tokens = list(re.finditer(r"\S+", text))
         samples = np.zeros(n * len(tokens), np.int16)

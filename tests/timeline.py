@@ -96,6 +96,7 @@ class Timeline:
     replies: list[dict[str, Any]]  # [[reply]] tables of a scripted LLM (voice.agent.providers.scripted)
     tools: list[Tool] = field(default_factory=list)
     word_ms: int = 200  # how long the fake voice says each word
+    synth_s: float = 0.0  # how long the fake voice takes to synthesize a sentence
     tail: float = 1.5
     max_duration: float = 60.0
     shutdown_when: Callable[[VoiceSession], bool] | None = None  # checked every 20 ms (one speaker block)
@@ -192,7 +193,7 @@ async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any]) -> Ou
     running: list[VoiceSession] = []
     device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle())
     stt = ScriptedStt(audio, {c.file: c.said for c in timeline.clips})
-    tts = WordTts(RATE, timeline.word_ms)
+    tts = WordTts(RATE, timeline.word_ms, timeline.synth_s)
     provider = ScriptedProvider(parse_replies(timeline.replies, "timeline"))
     transcript: list[str] = []
     asides: list[str] = []

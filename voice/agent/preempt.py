@@ -14,11 +14,17 @@ are impossible by construction, not by a check.
 - The person goes on, the words change, or the turn's request differs: the
   stream is cancelled and kept for the record as an `assistant/attempt`
   with reason `superseded`, in no turn: never heard, never in history.
+
+An onlooker may follow the stream as it is buffered (`watch()`: the voice
+synthesizes the first sentence before the commit, voice.speech.early_speech);
+it neither takes the request nor stops it, and whatever it makes stays in
+the process until the commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import anyio
@@ -71,16 +77,24 @@ class EarlyStart:
         they come. However the reader stops (done, or its turn cancelled),
         the request stops with it."""
         self.taken = True
-        sent = 0
         try:
-            while True:
-                while sent < len(self.deltas):
-                    yield self.deltas[sent]
-                    sent += 1
-                if self.finished:
-                    if self.error is not None:
-                        raise self.error
-                    return
-                await self._changed.wait()  # no await since the check: no delta can slip between
+            async with aclosing(self.watch()) as deltas:
+                async for delta in deltas:
+                    yield delta
+            if self.error is not None:
+                raise self.error
         finally:
             self.cancel()
+
+    async def watch(self) -> AsyncIterator[Delta]:
+        """An onlooker's view: every delta so far, then the rest as they come,
+        until the stream ends (finished, failed or dropped). It neither takes
+        the request nor stops it."""
+        sent = 0
+        while True:
+            while sent < len(self.deltas):
+                yield self.deltas[sent]
+                sent += 1
+            if self.finished:
+                return
+            await self._changed.wait()  # no await since the check: no delta can slip between

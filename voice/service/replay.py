@@ -292,13 +292,16 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
     duration = device.position / MIC_RATE
     listen = session.parts.listen
     tracker = listen.turn_end
+    early_speech = session.parts.turns.early_speech
     return {
         "turns": turns,
         # mic blocks, and how many of them the VAD and the wake-word model ran on (they rest on silence)
         "listener": {"blocks": listen.blocks, "vad_runs": listen.vad_runs, "wake_runs": listen.wake_runs},
         # speculative recognitions, and model requests started before their turn (voice.agent.preempt)
+        # and their first sentences synthesized before the commit, and those a turn played (voice.speech.early_speech)
         "turn_end": {"speculations": tracker.speculations, "used": tracker.used,
-                     "early_starts": session.parts.turns.early_starts, "early_used": session.parts.turns.early_used},
+                     "early_starts": session.parts.turns.early_starts, "early_used": session.parts.turns.early_used,
+                     "early_sentences": early_speech.synthesized, "early_sentences_used": early_speech.used},
         "device": {
             "echo_cancellation": session.echo is not None,
             "timing": device.scenario.timing,  # "recorded": inference took no time on this clock

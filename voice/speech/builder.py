@@ -18,6 +18,7 @@ from voice.audio.device import MIC_RATE, AudioDevice
 from voice.settings import Settings
 from voice.speech.barge_in import BargeInController
 from voice.speech.conversation_policy import ConversationPolicy
+from voice.speech.early_speech import EarlySpeech
 from voice.speech.judge import BargeInJudge
 from voice.speech.onset import FrameScoringSilero
 from voice.speech.pipeline import (
@@ -93,8 +94,9 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
                            keep=keep_units if keep_units is not None else None if keep is None else keep * 4)
     agent = app.agent(surface, conversation)
     conversations = ConversationPolicy(agent, app.store, settings.conversation, aside=aside)
+    early_speech = EarlySpeech(models.tts)  # an early start's first sentence, synthesized before the commit
     turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside, keep=keep,
-                       conversations=conversations, notice=surface.notice, log=log)
+                       conversations=conversations, notice=surface.notice, log=log, early_speech=early_speech)
     barge_in = BargeInController(
         BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
         log=log.speech, stop_phrases=settings.barge_in.stop_phrases,
@@ -110,7 +112,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     session.wire(SessionParts(
         listen=listen, transcribe=TranscribeProcessor(models.stt, on_error=lambda why: transcript(f"notice: {why}")),
         converse=converse,
-        speak=SpeakProcessor(models.tts, surface, log), play=PlayProcessor(surface),
+        speak=SpeakProcessor(models.tts, surface, log, early_speech), play=PlayProcessor(surface),
         surface=surface, agent=agent, barge_in=barge_in, turns=turns, log=log))
     return session
 

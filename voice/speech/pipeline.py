@@ -36,6 +36,7 @@ from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
 from voice.log.events import Body, ListenSpeech, ListenWake, ListenWindow
 from voice.speech.barge_in import BargeInController
+from voice.speech.early_speech import EarlySpeech
 from voice.speech.listener import Addressed, ForAssistant, Ignored, Listener, WakeAlone
 from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
@@ -379,13 +380,16 @@ class ConverseProcessor(FrameProcessor):
 class SpeakProcessor(FrameProcessor):
     """Synthesizes one sentence at a time. A sentence whose unit is no longer
     current is not synthesized; audio that finishes after its unit was
-    stopped is discarded and logged as late."""
+    stopped is discarded and logged as late. A turn's first sentence may
+    already be synthesized, or on its way, from its early start
+    (voice.speech.early_speech)."""
 
-    def __init__(self, tts: TtsEngine, surface: VoiceSurface, late: LateSink):
+    def __init__(self, tts: TtsEngine, surface: VoiceSurface, late: LateSink, early: EarlySpeech | None = None):
         super().__init__(name="speak")
         self._tts = tts
         self._surface = surface
         self._late = late
+        self._early = early  # the early start's first sentence, synthesized before the commit
         self.busy = False
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
@@ -397,7 +401,9 @@ class SpeakProcessor(FrameProcessor):
         if not self._surface.is_current(sentence.ref):
             self._late.late("tts-text", sentence.ref, {"sentence": sentence.index})
             return
-        job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, sentence.text)
+        job = self._early.claim(sentence.ref, sentence.index, sentence.text) if self._early is not None else None
+        if job is None:
+            job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, sentence.text)
         self.busy = True
         try:
             audio = await asyncio.shield(job)

@@ -10,8 +10,9 @@ place in that order and opens no turn.
 While nothing runs, `start_early(words)` starts the model on words the
 person may still add to (voice.agent.preempt): the turn that is then
 committed with exactly those words reads that request; any other outcome
-drops it (`assistant/attempt`, reason superseded). Nothing of it leaves the
-process before the commit.
+drops it (`assistant/attempt`, reason superseded). Its first sentence is
+synthesized meanwhile (voice.speech.early_speech) and played only by that
+turn. Nothing of it leaves the process before the commit.
 
 `close()` ends the queue: nothing queued after it starts a turn, and a
 request submitted after it is refused (`anyio.ClosedResourceError`, or
@@ -36,6 +37,7 @@ from voice.log.conversations import NewConversation
 from voice.log.projections import turn_reply
 from voice.log.store import EventStore
 from voice.speech.conversation_policy import ConversationPolicy
+from voice.speech.early_speech import EarlySpeech
 from voice.speech.speech_log import SpeechLog
 
 
@@ -105,7 +107,8 @@ class TurnRunner:
     def __init__(self, agent: AgentLoop, store: EventStore, buffer: PlaybackBuffer, *,
                  transcript: Callable[[str], None], aside: Callable[[str], None] | None = None, queue: int = 16,
                  keep: int | None = 64, conversations: ConversationPolicy | None = None,
-                 notice: Callable[[str], Awaitable[None]] | None = None, log: SpeechLog | None = None):
+                 notice: Callable[[str], Awaitable[None]] | None = None, log: SpeechLog | None = None,
+                 early_speech: EarlySpeech | None = None):
         self.agent = agent
         self.store = store
         self.buffer = buffer
@@ -122,6 +125,7 @@ class TurnRunner:
         self._closed = False
         self._early: EarlyStart | None = None
         self._early_tasks: anyio.abc.TaskGroup | None = None
+        self.early_speech = early_speech  # its first sentence synthesized before the commit (voice.speech.early_speech)
         self.early_starts = self.early_used = 0  # the benchmark counts them
 
     @property
@@ -210,12 +214,20 @@ class TurnRunner:
         self._early = self.agent.start_early(text, fresh=self.conversations.idle_s() is not None)
         self.early_starts += 1
         self._early_tasks.start_soon(self._early.run)
+        if self.early_speech is not None:
+            self._early_tasks.start_soon(self.early_speech.run, self._early)
 
     def drop_early(self) -> None:
         """The words it answered are no longer the person's (they went on)."""
         early, self._early = self._early, None
         if early is not None and not early.taken:
+            self._drop_speech(early)
             self.agent.drop_early(early)
+
+    def _drop_speech(self, early: EarlyStart) -> None:
+        """What was synthesized of `early` is never played (it was dropped, or its turn is over)."""
+        if self.early_speech is not None:
+            self.early_speech.drop(early)
 
     def _take_early(self, request: Request) -> EarlyStart | None:
         early = self._early
@@ -256,6 +268,7 @@ class TurnRunner:
         asked = isinstance(request, Ask) and self.conversations.asks_new(request.text)
         if asked or isinstance(request, StartOver):
             if early is not None:  # "start over" asks for no answer
+                self._drop_speech(early)
                 self.agent.drop_early(early)
             request.outcome = self.conversations.switch("asked" if asked else "new",
                                                         words=request.text if asked else None)
@@ -282,8 +295,10 @@ class TurnRunner:
             raise
         finally:
             self._running = None
-            if early is not None and not early.taken:  # the turn ended before its first request
-                self.agent.drop_early(early)
+            if early is not None:
+                self._drop_speech(early)  # its first sentence was said by now, or never will be
+                if not early.taken:  # the turn ended before its first request
+                    self.agent.drop_early(early)
         info.turn = request.outcome.turn
         if info.barge_in_onset is not None:  # the acknowledgement: output paused (or cleared) after the onset
             marks = sorted(self.buffer.pauses + self.buffer.clears)
