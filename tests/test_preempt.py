@@ -100,10 +100,16 @@ def test_the_first_sentence_plays_within_a_block_of_the_commit(tmp_path):
     """The model started early answers at once; its first sentence is
     synthesized while the end of turn is still being decided, so its first
     sample plays within one device block (32 ms) of the commit, not a whole
-    synthesis (here 300 ms) after it."""
+    synthesis (here 300 ms) after it. The end-of-turn wait is long (1.5 s)
+    so that the early stream and the synthesis (real time, in the executor)
+    end well inside it however loaded the machine: at the default 0.45 s
+    they did not beside another test worker (the first sample 80 ms late)."""
+    config = default_config()
+    config["turn_end"]["end_s"] = 1.5
+    config["vad"]["stop_secs"] = 2.0
     o = run_timeline(Timeline(clips=[at(0.5, "what_time.wav", "What time is it?")],
                               replies=[{"text": "The time is just after noon today. That is all.",
-                                        "chunk_delay_ms": 10}], synth_s=SYNTH_S), tmp_path)
+                                        "chunk_delay_ms": 10}], synth_s=SYNTH_S), tmp_path, config)
     assert o.replies[1].delivered_text == "The time is just after noon today. That is all."
     assert 0 <= _first_sample_after_commit(o, 1) <= 512
 
