@@ -142,7 +142,7 @@ def evaluate(stt_model: str, *, early: bool, smart_turn: bool = False, latency_s
     from voice.speech.builder import vad_analyzer
     from voice.speech.settings import VoiceSettings
     from voice.speech.stt import WhisperEngine
-    from voice.speech.turn_end import TurnEndSettings
+    from voice.settings import TurnEndSettings
 
     settings = VoiceSettings.from_config(load_config(None))
     vad = vad_analyzer(settings.vad)
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     out = {}
-    from voice.speech.turn_end import TurnEndSettings
+    from voice.settings import TurnEndSettings
 
     override = TurnEndSettings(**{k: v for k, v in (("speculate_s", args.speculate_s), ("end_s", args.end_s))
                                   if v is not None})

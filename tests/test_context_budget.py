@@ -10,7 +10,8 @@ import pytest
 
 from conftest import scripted, text_agent
 from loopback_llm import LoopbackLLM
-from voice.agent.loop import AgentLoop, LoopSettings
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 from voice.agent.tools import default_tools
 from voice.log import events as ev

@@ -13,7 +13,8 @@ import pytest
 
 from voice.log import events as ev
 from voice.log.events import EVENT_TYPES, SURFACE_TYPES, Event, encode_payload
-from voice.log.store import SCHEMA_VERSION, DuplicateTurnEnd, EventStore, new_conversation_id
+from voice.log.schema import SCHEMA_VERSION
+from voice.log.store import DuplicateTurnEnd, EventStore, new_conversation_id
 
 pytestmark = pytest.mark.timeout(30)
 

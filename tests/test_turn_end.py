@@ -18,7 +18,8 @@ from timeline import Timeline, at, barge_in, default_config, run_timeline
 from voice.log import events as ev
 from voice.speech.judge import STOP_PHRASES
 from voice.speech.stt import Transcript
-from voice.speech.turn_end import OVER_REPLY_END_S, OVER_REPLY_TAIL_S, TurnEndSettings, TurnEndTracker, complete, decide
+from voice.speech.turn_end import OVER_REPLY_END_S, OVER_REPLY_TAIL_S, TurnEndTracker, complete, decide
+from voice.settings import TurnEndSettings
 
 RATE = 16000
 BLOCK = 320

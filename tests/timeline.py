@@ -47,7 +47,7 @@ from loguru import logger
 from fakes import Said, ScriptedStt, WordTts
 from leaks import describe_tasks, describe_threads, tasks_left, threads_left
 from voice.agent.providers.scripted import ScriptedProvider, parse_replies
-from voice.agent.tools import Tool
+from voice.agent.tools.base import Tool
 from voice.app import open_app
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.replay_device import BLOCK, ReplayDevice, UserClip

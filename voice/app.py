@@ -39,13 +39,16 @@ from typing import Any
 import anyio
 
 from voice.agent.approvals import Approvals, Grants
-from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv, history_budget
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
-from voice.agent.providers import Hold, Provider, open_provider
+from voice.agent.providers import Hold, open_provider
+from voice.agent.providers.base import Provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
-from voice.agent.tools import ToolRegistry, default_tools
+from voice.agent.tools.base import ToolRegistry
+from voice.agent.tools import default_tools
 from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
 from voice.log.late import record_late

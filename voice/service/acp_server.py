@@ -56,7 +56,7 @@ import anyio.abc
 
 from voice.agent.loop import AgentLoop
 from voice.agent.mcp.servers import McpServers
-from voice.agent.tools import ToolRegistry
+from voice.agent.tools.base import ToolRegistry
 from voice.app import App, mcp_servers
 from voice.errors import UsageError
 from voice.log import events as ev

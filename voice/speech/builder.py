@@ -29,7 +29,8 @@ from voice.speech.pipeline import (
     TranscribeProcessor,
 )
 from voice.speech.session import SessionParts, VoiceSession, interruption
-from voice.speech.settings import VadSettings, VoiceSettings
+from voice.settings import VadSettings
+from voice.speech.settings import VoiceSettings
 from voice.speech.speech_log import SpeechLog
 from voice.speech.stt import SttEngine
 from voice.speech.tts import TtsEngine

@@ -12,11 +12,6 @@ from typing import Any
 from voice.settings import BargeInSettings, ConversationSettings, ListenSettings, Settings, TurnEndSettings, VadSettings
 from voice.speech.judge import STOP_PHRASES
 
-ConversationRules = ConversationSettings  # when a spoken conversation ends: the turn runner's name for it
-
-__all__ = ["BargeInSettings", "ConversationRules", "ListenSettings", "TurnEndSettings", "VadSettings",
-           "VoiceSettings"]
-
 
 @dataclass(frozen=True)
 class VoiceSettings:
@@ -25,7 +20,7 @@ class VoiceSettings:
     listen: ListenSettings | None = None  # None: open, with no gate at all
     turn_end: TurnEndSettings = field(default_factory=TurnEndSettings)
     shutdown_s: float = 5.0
-    conversation: ConversationRules = field(default_factory=ConversationRules)
+    conversation: ConversationSettings = field(default_factory=ConversationSettings)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, listen_mode: str | None = None,
