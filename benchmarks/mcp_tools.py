@@ -190,7 +190,7 @@ async def _schema_share() -> dict:
                 builtin = tools_tokens([t.schema() for t in own if not t.source], estimate_tokens)
                 mcp_tools = [t.schema() for t in app.mcp.tools()]
                 tokens = tools_tokens(mcp_tools, estimate_tokens)
-                budget = app.settings.context_tokens - app.settings.reply_tokens
+                budget = app.loop_settings.context_tokens - app.loop_settings.reply_tokens
                 out[str(count)] = {"servers": sorted(servers), "tools": len(mcp_tools), "tokens": tokens,
                                    "share_of_budget": round(tokens / budget, 3), "budget": budget,
                                    "builtin_tokens": builtin}

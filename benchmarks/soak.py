@@ -324,7 +324,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
             tg.start_soon(watch)
             await session.run()
             tg.cancel_scope.cancel()
-        budget = app.settings.context_tokens - app.settings.reply_tokens
+        budget = app.loop_settings.context_tokens - app.loop_settings.reply_tokens
     wall = time.perf_counter() - started
     result = report(samples, model, budget, wall, device.position / MIC_RATE, turns)
     result["stalled"] = stalled[0] if stalled else None

@@ -243,10 +243,10 @@ async def test_the_models_own_tokenizer_sets_the_count_where_the_server_has_one(
     provider.count_tokens = count_tokens
     async with open_app(default_config(), db=tmp_path / "events.db", llm=provider, data_dir=tmp_path,
                         recovery=False) as app:
-        assert app.settings.count_tokens("x" * 500) == 110  # its rate, and a tenth more
+        assert app.loop_settings.count_tokens("x" * 500) == 110  # its rate, and a tenth more
     async with open_app(default_config(), db=tmp_path / "events.db", llm=scripted({"text": "Fine."}),
                         data_dir=tmp_path, recovery=False) as app:
-        assert app.settings.count_tokens("x" * 500) == estimate_tokens("x" * 500)  # none: the estimate
+        assert app.loop_settings.count_tokens("x" * 500) == estimate_tokens("x" * 500)  # none: the estimate
 
 
 # -- a small budget, from the outside ------------------------------------------

@@ -148,14 +148,14 @@ class Announcer:
 class App:
     """What every surface starts with. Built by `open_app` only."""
 
-    config: Settings
+    settings: Settings
     store: EventStore
     provider: Provider
     tools: ToolRegistry
     tool_env: ToolEnv
     timers: TimerService
     announcer: Announcer
-    settings: LoopSettings
+    loop_settings: LoopSettings
     mcp: McpServers = field(default_factory=lambda: McpServers([]))
     prepared: Any = None  # what open_app's `before_log` made (a voice session's loaded models)
 
@@ -166,7 +166,7 @@ class App:
     def agent(self, surface: Surface, conversation: str, tools: ToolRegistry | None = None) -> AgentLoop:
         """An agent loop on this app's log, provider and tools, answering
         through `surface` in `conversation`."""
-        return AgentLoop(self.store, self.provider, surface, conversation, tools or self.tools, self.settings,
+        return AgentLoop(self.store, self.provider, surface, conversation, tools or self.tools, self.loop_settings,
                          self.tool_env)
 
 
@@ -234,11 +234,11 @@ async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | Non
                     notice(line)
                 for line in app.mcp.not_started():  # one line each, where the person is (spoken, printed, sent)
                     await announcer(line)
-                await token_counter(provider, app.settings, app.tools.schemas())
-                left = history_budget(app.settings, app.tools.schemas())
+                await token_counter(provider, app.loop_settings, app.tools.schemas())
+                left = history_budget(app.loop_settings, app.tools.schemas())
                 if app.mcp.servers and left < MIN_HISTORY_TOKENS:
                     notice(f"mcp: the tool schemas leave {left} tokens of llm.context_tokens = "
-                           f"{app.settings.context_tokens} for the conversation: offer fewer tools "
+                           f"{app.loop_settings.context_tokens} for the conversation: offer fewer tools "
                            "(mcp.servers.NAME.allow or deny), or raise llm.context_tokens")
                 if recovery:
                     report = await recover(store, app.tools, env)
