@@ -409,3 +409,12 @@ def test_no_import_circles():
             connect(node)
     assert not circles, "modules that import each other (directly or round a circle):\n" + "\n".join(
         " <-> ".join(c) for c in circles)
+
+
+def test_production_takes_the_typed_settings_only():
+    """#39: no signature takes "`Settings | Mapping`, as tests give one": a
+    test builds the typed value (`Settings.from_config`)."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in _voice_modules()
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if "Settings | Mapping" in line or "TurnStart | dict" in line]
+    assert not found, "signatures that take a dict beside the typed value:\n" + "\n".join(found)

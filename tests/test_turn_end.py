@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from timeline import Timeline, at, barge_in, default_config, run_timeline
+from voice.settings import Settings
 from voice.log import events as ev
 from voice.speech.judge import STOP_PHRASES
 from voice.speech.stt import Transcript
@@ -249,7 +250,7 @@ def test_real_speech_with_mid_sentence_pauses_is_one_turn(turn_end_bench, name):
     from voice.speech.settings import VoiceSettings
     from voice.speech.stt import WhisperEngine
 
-    settings = VoiceSettings.from_config(load_config(None))
+    settings = VoiceSettings.from_settings(Settings.from_config(load_config(None)))
     vad = vad_analyzer(settings.vad)
     vad.set_sample_rate(RATE)
     clip = next(c for c in turn_end_bench.clips() if c["name"] == name)

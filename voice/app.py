@@ -183,15 +183,14 @@ def mcp_servers(specs: list[ServerSpec], store: EventStore, command_env: dict[st
 
 
 @asynccontextmanager
-async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | None = None,
+async def open_app(settings: Settings, *, db: str | Path | None = None,
                    store: EventStore | None = None, llm: str | Provider | None = None,
                    notice: Callable[[str], None] = lambda text: None, data_dir: Path | None = None,
                    recovery: bool = True, mcp: bool = True, grants: Path | None = None, hold: Hold | None = None,
                    before_log: Callable[[], Awaitable[Any]] | None = None) -> AsyncIterator[App]:
     """Open the assistant behind any surface (see the module docstring).
 
-    `config`: the typed settings (a checked config dict, as tests give
-    one, is read into them here). `db` names the log (or `store` is one
+    `settings`: the config, read. `db` names the log (or `store` is one
     already opened: the app closes it too); `llm` is a provider spec ("auto", "openai", a URL, "scripted:FILE";
     default: the config's) or a provider already built (the app closes it);
     `notice` hears how the provider was chosen (e.g. the skills fallback);
@@ -202,7 +201,6 @@ async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | Non
     `hold`: around the provider's network I/O (a replay's clock); `before_log`:
     what must fail before the log is opened (a voice session's models: one
     that cannot load leaves no log behind), its result `App.prepared`."""
-    settings = Settings.of(config)
     spec = llm if llm is not None else settings.llm.provider
     # The provider first: a bad --llm fails before anything else is opened.
     provider = await open_provider(spec, settings.llm, notice=notice, hold=hold) if isinstance(spec, str) else spec

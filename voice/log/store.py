@@ -222,10 +222,9 @@ class EventStore(EventQueries):
             self._db.execute("ROLLBACK")
             raise
 
-    def start_turn(self, conversation: str, start: TurnStart | dict[str, Any]) -> int:
-        """Allocate a new turn id (global, increasing) and log `turn/start`
-        (a dict is the untyped path's payload)."""
-        payload = start.payload() if isinstance(start, TurnStart) else start
+    def start_turn(self, conversation: str, start: TurnStart) -> int:
+        """Allocate a new turn id (global, increasing) and log `turn/start`."""
+        payload = start.payload()
         at_mono, at_wall = time.monotonic(), time.time()
         with self._transaction():
             (last,) = self._db.execute("SELECT COALESCE(MAX(turn), 0) FROM events").fetchone()

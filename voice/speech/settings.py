@@ -5,9 +5,7 @@ whose sections these are."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from voice.settings import BargeInSettings, ConversationSettings, ListenSettings, Settings, TurnEndSettings, VadSettings
 from voice.speech.judge import STOP_PHRASES
@@ -31,9 +29,3 @@ class VoiceSettings:
                          window_s=window_s or settings.listen.window_s)
         return cls(vad=settings.vad, barge_in=settings.barge_in, listen=listen, shutdown_s=settings.service.shutdown_s,
                    conversation=settings.conversation, turn_end=settings.turn_end)
-
-    @classmethod
-    def from_config(cls, config: Settings | Mapping[str, Any], *, listen_mode: str | None = None,
-                    window_s: float | None = None) -> VoiceSettings:
-        """The same from a checked config (tests, benchmarks)."""
-        return cls.from_settings(Settings.of(config), listen_mode=listen_mode, window_s=window_s)
