@@ -101,7 +101,7 @@ def measure_appends(folder: Path, n: int) -> dict:
             record(store, "c-bench", ev.TOOL_DISPATCH, dispatch(i), turn=1 + i // 4, step=0, attempt=0)
             durable.append((time.perf_counter() - t0) * 1e6)
         for i in range(max(20, n // 20)):
-            turn = store.start_turn("c-turns", {"source": "voice"})
+            turn = store.start_turn("c-turns", ev.TurnStart(source="voice"))
             t0 = time.perf_counter()
             for t, p in turn_with_a_write(turn):
                 step = None if t == ev.TURN_END else 0

@@ -65,6 +65,7 @@ def fill(db: Path, turns: int, per_conversation: int = 200) -> None:
 
 async def measure(db: Path, answers: int) -> dict:
     from voice.app import open_app
+    from voice.settings import Settings
     from voice.config import defaults_path, load_config_with_sources
     from voice.log.conversations import resume_or_new
     from voice.surfaces.text import TextSurface
@@ -74,7 +75,7 @@ async def measure(db: Path, answers: int) -> dict:
     config = load_config_with_sources(defaults_path(), env={})[0]
     began = time.perf_counter()
     # The built-in skills with no pacing: what is left of an answer is the work around the model.
-    async with open_app(config, db=db, llm=SkillsProvider(chunk_delay_s=0), data_dir=db.parent / "data") as app:
+    async with open_app(Settings.from_config(config), db=db, llm=SkillsProvider(chunk_delay_s=0), data_dir=db.parent / "data") as app:
         conversation = resume_or_new(app.store, config["conversation"]["idle_gap_s"], now=time.time())
         app.timers.active()
         started = time.perf_counter() - began

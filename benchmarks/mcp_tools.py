@@ -56,6 +56,7 @@ def _stdio(argv: list[str], **keys) -> dict:
 async def _stops(reps: int) -> tuple[list[float], list[float], list[float]]:
     from voice.agent.providers.scripted import ScriptedProvider, parse_replies
     from voice.app import open_app
+    from voice.settings import Settings
     from voice.surfaces.text import TextSurface
 
     wire_ms, ended_ms, server_ms = [], [], []
@@ -67,7 +68,7 @@ async def _stops(reps: int) -> tuple[list[float], list[float], list[float]]:
                                                          "arguments": {"seconds": 30, "label": f"w{n}"}}]}
                    for n in range(reps)]
         provider = ScriptedProvider(parse_replies(replies, "mcp bench"))
-        async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path,
+        async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path,
                             grants=tmp_path / "grants.json") as app:
             server = app.mcp.servers[0]
             agent = app.agent(TextSurface(out=io.StringIO()), "c-bench")
@@ -91,6 +92,7 @@ async def _stops(reps: int) -> tuple[list[float], list[float], list[float]]:
 async def _shutdowns(reps: int) -> list[float]:
     from voice.agent.providers.scripted import ScriptedProvider, parse_replies
     from voice.app import open_app
+    from voice.settings import Settings
 
     took = []
     for _ in range(reps):
@@ -99,7 +101,7 @@ async def _shutdowns(reps: int) -> list[float]:
             config = _config(polite=_stdio(chaos_server_command(tmp_path / "a")),
                              stubborn=_stdio(chaos_server_command(tmp_path / "b", ignore_sigterm=True)))
             provider = ScriptedProvider(parse_replies([{"text": "hi"}], "mcp bench"))
-            async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path,
+            async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path,
                                 grants=tmp_path / "grants.json") as app:
                 assert [s.state for s in app.mcp.servers] == ["running", "running"]
                 started = time.monotonic()
@@ -172,6 +174,7 @@ async def _schema_share() -> dict:
     """Tokens of the offered tool schemas, and their share of the history budget."""
     from voice.agent.providers.scripted import ScriptedProvider, parse_replies
     from voice.app import open_app
+    from voice.settings import Settings
     from voice.log.window import estimate_tokens, tools_tokens
 
     out = {}
@@ -184,13 +187,13 @@ async def _schema_share() -> dict:
         for count in (1, 3, 10):
             servers = {f"{kinds[n % len(kinds)][0]}{n}": kinds[n % len(kinds)][1] for n in range(count)}
             provider = ScriptedProvider(parse_replies([{"text": "hi"}], "mcp bench"))
-            async with open_app(_config(**servers), db=tmp_path / f"e{count}.db", llm=provider, data_dir=tmp_path,
+            async with open_app(Settings.from_config(_config(**servers)), db=tmp_path / f"e{count}.db", llm=provider, data_dir=tmp_path,
                                 grants=tmp_path / "grants.json") as app:
                 own = [app.tools.get(n) for n in app.tools.names()]
                 builtin = tools_tokens([t.schema() for t in own if not t.source], estimate_tokens)
                 mcp_tools = [t.schema() for t in app.mcp.tools()]
                 tokens = tools_tokens(mcp_tools, estimate_tokens)
-                budget = app.settings.context_tokens - app.settings.reply_tokens
+                budget = app.loop_settings.context_tokens - app.loop_settings.reply_tokens
                 out[str(count)] = {"servers": sorted(servers), "tools": len(mcp_tools), "tokens": tokens,
                                    "share_of_budget": round(tokens / budget, 3), "budget": budget,
                                    "builtin_tokens": builtin}

@@ -255,6 +255,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
     from voice.log.store import EventStore, new_conversation_id
     from voice.service.replay import SpeechSpans
     from voice.speech.builder import build_voice_session, load_models
+    from voice.settings import Settings
     from voice.speech.settings import VoiceSettings
 
     config = load_config(os.devnull)
@@ -267,11 +268,11 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
     device = ReplayDevice(scen, idle=lambda: bool(running) and running[0].idle(), record=False)
     spans = SpeechSpans(device.buffer)
     model = CyclingModel()
-    settings = VoiceSettings.from_config(config, listen_mode="open")
+    settings = VoiceSettings.from_settings(Settings.from_config(config), listen_mode="open")
     samples: list[Sample] = []
     started = time.perf_counter()
-    async with open_app(config, store=EventStore(db), llm=model, data_dir=out / "data", recovery=False) as app:
-        models = load_models(config, MIC_RATE, stt_model="tiny.en", echo_cancellation=config["audio"]["echo_cancellation"],
+    async with open_app(Settings.from_config(config), store=EventStore(db), llm=model, data_dir=out / "data", recovery=False) as app:
+        models = load_models(Settings.from_config(config), MIC_RATE, stt_model="tiny.en", echo_cancellation=config["audio"]["echo_cancellation"],
                              echo_required=False)
         session = build_voice_session(app, device, models, settings, conversation=new_conversation_id(),
                                       transcript=lambda line: None)
@@ -324,7 +325,7 @@ async def _soak(turns: int, out: Path, max_wall_s: float | None) -> dict[str, An
             tg.start_soon(watch)
             await session.run()
             tg.cancel_scope.cancel()
-        budget = app.settings.context_tokens - app.settings.reply_tokens
+        budget = app.loop_settings.context_tokens - app.loop_settings.reply_tokens
     wall = time.perf_counter() - started
     result = report(samples, model, budget, wall, device.position / MIC_RATE, turns)
     result["stalled"] = stalled[0] if stalled else None

@@ -94,9 +94,10 @@ async def one_agent_turn(resistant: bool, kill_after_s: float) -> float:
     runs an external process."""
     import tempfile
 
-    from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
+    from voice.agent.loop import AgentLoop
+    from voice.agent.loop_settings import LoopSettings, ToolEnv
     from voice.agent.providers.scripted import ScriptedProvider, parse_replies
-    from voice.agent.tools import Tool, ToolRegistry
+    from voice.agent.tools.base import Tool, ToolRegistry
     from voice.agent.tools.processes import run_process
     from voice.log.store import EventStore
     from voice.surfaces.text import TextSurface

@@ -140,11 +140,12 @@ def evaluate(stt_model: str, *, early: bool, smart_turn: bool = False, latency_s
              settings_override=None) -> dict:
     from voice.config import load_config
     from voice.speech.builder import vad_analyzer
+    from voice.settings import Settings
     from voice.speech.settings import VoiceSettings
     from voice.speech.stt import WhisperEngine
-    from voice.speech.turn_end import TurnEndSettings
+    from voice.settings import TurnEndSettings
 
-    settings = VoiceSettings.from_config(load_config(None))
+    settings = VoiceSettings.from_settings(Settings.from_config(load_config(None)))
     vad = vad_analyzer(settings.vad)
     vad.set_sample_rate(RATE)
     stt = WhisperEngine(stt_model)
@@ -175,7 +176,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     out = {}
-    from voice.speech.turn_end import TurnEndSettings
+    from voice.settings import TurnEndSettings
 
     override = TurnEndSettings(**{k: v for k, v in (("speculate_s", args.speculate_s), ("end_s", args.end_s))
                                   if v is not None})

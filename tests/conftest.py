@@ -20,9 +20,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from voice.agent.loop import AgentLoop, LoopSettings, TurnResult  # noqa: E402
+from voice.agent.loop import AgentLoop  # noqa: E402
+from voice.agent.loop_settings import LoopSettings  # noqa: E402
+from voice.agent.turn_state import TurnResult  # noqa: E402
 from voice.agent.providers.scripted import ScriptedProvider, parse_replies  # noqa: E402
-from voice.agent.tools import ToolRegistry, default_tools  # noqa: E402
+from voice.agent.tools.base import ToolRegistry  # noqa: E402
+from voice.agent.tools import default_tools  # noqa: E402
 from voice.log.store import EventStore  # noqa: E402
 from voice.surfaces.text import TextSurface  # noqa: E402
 

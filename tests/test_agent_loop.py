@@ -7,7 +7,8 @@ import anyio
 import pytest
 
 from conftest import printed_reply, run_and_cancel_when, scripted, text_agent
-from voice.agent.tools import Tool, ToolRegistry, get_time_tool
+from voice.agent.tools.base import Tool, ToolRegistry
+from voice.agent.tools.clock import get_time_tool
 from voice.log import events as ev
 from voice.log.projections import derive_messages, message_text
 

@@ -6,6 +6,7 @@ alone (nothing points at a file outside it)."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 from pathlib import Path
 
@@ -227,3 +228,193 @@ def test_signals_are_taken_in_one_place():
     writers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "voice").rglob("*.py")
                      if "open_signal_receiver" in p.read_text(encoding="utf-8"))
     assert writers == ["voice/service/signals.py"], writers
+
+
+# -- every import from the name's home (issue #39) -----------------------------
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+@functools.cache
+def _module_path(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _defined(path: Path) -> frozenset[str]:
+    """The names a module defines itself at its top level (def, class, an
+    assignment), in any if/try/with block there; names it imports are not
+    its own."""
+    names: set[str] = set()
+
+    def targets(node: ast.expr) -> None:
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for elt in node.elts:
+                targets(elt)
+        elif isinstance(node, ast.Starred):
+            targets(node.value)
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    targets(t)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets(node.target)
+            for field in ("body", "orelse", "finalbody"):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    walk(getattr(node, field, []) or [])
+            for handler in getattr(node, "handlers", []) or []:
+                walk(handler.body)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return frozenset(names)
+
+
+def _voice_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """Every import of ours a module makes, wherever it stands (top level,
+    under TYPE_CHECKING, inside a function): (line, module, name), name None
+    for `import voice.x`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, None) for a in node.names if a.name.split(".")[0] == "voice"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module and node.module.split(".")[0] == "voice":
+                found += [(node.lineno, node.module, a.name) for a in node.names]
+    return found
+
+
+def _voice_modules() -> list[Path]:
+    return sorted((ROOT / "voice").rglob("*.py"))
+
+
+# The one module that stands for others: the event vocabulary is imported
+# from voice.log.events (docs/EVENTS.md), its bodies written by family in
+# voice/log/bodies/. Nothing else gives out names it did not define.
+VOCABULARY = ("voice.log.events", ROOT / "voice" / "log" / "bodies")
+
+
+def _defined_by(module: str, home: Path) -> frozenset[str]:
+    names = _defined(home)
+    if module == VOCABULARY[0]:
+        names |= {n for family in VOCABULARY[1].glob("*.py") for n in _defined(family)}
+    return names
+
+
+def _attributes_from_elsewhere(path: Path) -> list[str]:
+    """`m.N` on a module of ours imported as `m`, where that module does not
+    define N (the same re-export, reached through the module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules: dict[str, str] = {}  # local name -> module of ours
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "voice":
+            modules |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                        if _module_path(f"{node.module}.{a.name}") is not None}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname: a.name for a in node.names if a.name.split(".")[0] == "voice" and a.asname}
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            module = modules[node.value.id]
+            home = _module_path(module)
+            if home and _module_path(f"{module}.{node.attr}") is None and node.attr not in _defined_by(module, home):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}, "
+                             f"which {module} does not define")
+    return wrong
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it():
+    """#39: no re-export shims. A name comes from its home module (where it
+    is a def, a class or an assignment), or is a submodule of the package
+    named; never from a module that itself imported it. The tests and the
+    benchmarks import from the homes too."""
+    wrong = []
+    for path in [*_voice_modules(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py"))]:
+        for line, module, name in _voice_imports(path):
+            if name is None or _module_path(f"{module}.{name}") is not None:
+                continue  # a module, imported as one
+            home = _module_path(module)
+            if home is None:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {module} is not a module of ours")
+            elif name == "*" or name not in _defined_by(module, home):
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {name} from {module}, which does not define it")
+        wrong += _attributes_from_elsewhere(path)
+    assert not wrong, "imports from a module that is not the name's home:\n" + "\n".join(wrong)
+
+
+def test_no_private_name_is_imported_across_modules():
+    """#39: a `_name` is its module's own; one that another module needs is
+    public in its home."""
+    wrong = [f"{path.relative_to(ROOT)}:{line}: {name} from {module}"
+             for path in _voice_modules() for line, module, name in _voice_imports(path)
+             if name is not None and name.startswith("_") and _module_path(f"{module}.{name}") is None]
+    assert not wrong, "private names imported from another module:\n" + "\n".join(wrong)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, counting imports under
+    TYPE_CHECKING and inside functions (a circle there is still a circle)."""
+    graph: dict[str, set[str]] = {}
+    for path in _voice_modules():
+        module = _module_name(path)
+        edges = graph.setdefault(module, set())
+        for _, imported, name in _voice_imports(path):
+            if name is not None and _module_path(f"{imported}.{name}") is not None:
+                imported = f"{imported}.{name}"
+            if imported != module:
+                edges.add(imported)
+    return graph
+
+
+def test_no_import_circles():
+    """#39: imports form no circle, type-only and function-local ones
+    included: each module can be read knowing only what it imports."""
+    graph = _import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    assert not circles, "modules that import each other (directly or round a circle):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_production_takes_the_typed_settings_only():
+    """#39: no signature takes "`Settings | Mapping`, as tests give one": a
+    test builds the typed value (`Settings.from_config`)."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in _voice_modules()
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if "Settings | Mapping" in line or "TurnStart | dict" in line]
+    assert not found, "signatures that take a dict beside the typed value:\n" + "\n".join(found)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voice.service.scenario import Scenario, ScenarioTool, UserClip, load_scenario
+from voice.service.scenario import Scenario, ScenarioTool, load_scenario
+from voice.audio.replay_device import UserClip
 from voice.audio.wav import BadAudio, read_mono16k, write_wav
 
 

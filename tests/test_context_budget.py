@@ -10,7 +10,9 @@ import pytest
 
 from conftest import scripted, text_agent
 from loopback_llm import LoopbackLLM
-from voice.agent.loop import AgentLoop, LoopSettings
+from voice.settings import Settings
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 from voice.agent.tools import default_tools
 from voice.log import events as ev
@@ -240,12 +242,12 @@ async def test_the_models_own_tokenizer_sets_the_count_where_the_server_has_one(
         return len(text) // 5
 
     provider.count_tokens = count_tokens
-    async with open_app(default_config(), db=tmp_path / "events.db", llm=provider, data_dir=tmp_path,
+    async with open_app(Settings.from_config(default_config()), db=tmp_path / "events.db", llm=provider, data_dir=tmp_path,
                         recovery=False) as app:
-        assert app.settings.count_tokens("x" * 500) == 110  # its rate, and a tenth more
-    async with open_app(default_config(), db=tmp_path / "events.db", llm=scripted({"text": "Fine."}),
+        assert app.loop_settings.count_tokens("x" * 500) == 110  # its rate, and a tenth more
+    async with open_app(Settings.from_config(default_config()), db=tmp_path / "events.db", llm=scripted({"text": "Fine."}),
                         data_dir=tmp_path, recovery=False) as app:
-        assert app.settings.count_tokens("x" * 500) == estimate_tokens("x" * 500)  # none: the estimate
+        assert app.loop_settings.count_tokens("x" * 500) == estimate_tokens("x" * 500)  # none: the estimate
 
 
 # -- a small budget, from the outside ------------------------------------------

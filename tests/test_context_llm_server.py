@@ -11,7 +11,8 @@ import io
 import pytest
 
 from llm_server import running_server, server_marks
-from voice.agent.loop import AgentLoop, LoopSettings
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
 from voice.agent.tools import default_tools
 from voice.log import events as ev

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_and_cancel_when, scripted, text_agent
 from voice.agent.recovery import close_open_turns
-from voice.agent.tools import Tool, ToolRegistry
+from voice.agent.tools.base import Tool, ToolRegistry
 from voice.log import events as ev
 from voice.log.store import EventStore
 

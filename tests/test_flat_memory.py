@@ -13,6 +13,7 @@ import pytest
 from acp import text_block
 
 from conftest import scripted
+from voice.settings import Settings
 from voice.agent.surface import UnitRef
 from voice.agent.tools.timers import TimerService
 from voice.app import open_app
@@ -228,7 +229,7 @@ async def test_acp_sessions_held_stay_bounded_and_a_released_one_answers(tmp_pat
             return None
 
     replies = [{"text": f"Reply {n}.", "chunk_delay_ms": 0} for n in range(3 * KEEP_SESSIONS + 2)]
-    async with open_app(default_config(), db=tmp_path / "events.db", llm=scripted(*replies),
+    async with open_app(Settings.from_config(default_config()), db=tmp_path / "events.db", llm=scripted(*replies),
                         data_dir=tmp_path / "data", recovery=False) as app:
         async with anyio.create_task_group() as tg:
             acp = VoiceAcpAgent(app, tg)

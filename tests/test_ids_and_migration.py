@@ -20,7 +20,8 @@ import pytest
 
 from loopback_llm import LoopbackLLM
 from voice.log import events as ev
-from voice.log.store import SCHEMA_VERSION, EventStore
+from voice.log.schema import SCHEMA_VERSION
+from voice.log.store import EventStore
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "tests" / "fixtures" / "logs"

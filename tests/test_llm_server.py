@@ -18,9 +18,11 @@ import anyio
 import pytest
 
 from llm_server import below_here, niceness, running_server, server_marks, threads_niceness
-from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings, ToolEnv
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
-from voice.agent.tools import ToolRegistry, default_tools
+from voice.agent.tools.base import ToolRegistry
+from voice.agent.tools import default_tools
 from voice.agent.tools.notes import notes_tools
 from voice.log import events as ev
 from voice.speech.speakable import SpeakableStream

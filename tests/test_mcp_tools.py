@@ -35,6 +35,7 @@ from mcp_fixtures import (
     wait_for_event,
     SERVER_MEMORY_INSTALL_HINT,
 )
+from voice.settings import Settings
 from voice.app import open_app
 from voice.log import events as ev
 from voice.surfaces.text import TextSurface
@@ -88,7 +89,7 @@ async def test_a_stop_during_a_call_reaches_the_server_and_the_write_is_unknown(
     config = config_with(tmp_path, chaos=stdio(chaos_server_command(journal), approve="never"))
     provider = scripted(call("chaos__slow_write", seconds=30, label="a"),
                         call("chaos__slow_write", seconds=30, label="a"), say("It may or may not have happened."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         server = app.mcp.servers[0]
         assert server.state == "running"
         agent = app.agent(TextSurface(out=io.StringIO()), "c1")
@@ -122,7 +123,7 @@ async def test_a_result_after_the_stop_is_logged_late_and_has_no_authority(tmp_p
     journal = tmp_path / "late.journal"
     config = config_with(tmp_path, old=stdio(late_server_command(journal), approve="never"))
     provider = scripted(call("old__slow_toggle", seconds=0.5))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         agent = app.agent(TextSurface(out=io.StringIO()), "c1")
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.run_turn, "toggle it")
@@ -148,7 +149,7 @@ async def test_a_server_that_dies_mid_call_leaves_the_write_unknown_and_is_resta
     provider = scripted(call("chaos__crash_write", label="x"), say("I couldn't tell."),
                         call("chaos__turn_on_light", name="hall"), say("Sorry."),
                         call("chaos__turn_on_light", name="hall"), say("The hall light is on."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         server = app.mcp.servers[0]
         first_pid = server.process.pid
         agent = app.agent(TextSurface(out=io.StringIO()), "c1")
@@ -177,7 +178,7 @@ async def test_every_server_is_gone_at_shutdown_within_the_bound_one_that_ignore
     config = config_with(tmp_path, stubborn=stdio(chaos_server_command(stubborn, ignore_sigterm=True)),
                          polite=stdio(chaos_server_command(polite)))
     with anyio.fail_after(60):  # a deadline for a hang (start and close), not a speed claim
-        async with open_app(config, db=tmp_path / "e.db", llm=scripted(say("hi")), data_dir=tmp_path) as app:
+        async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=scripted(say("hi")), data_dir=tmp_path) as app:
             assert [s.state for s in app.mcp.servers] == ["running", "running"]
             pids = [server_pid(stubborn), server_pid(polite)]
             closing = time.monotonic()
@@ -197,7 +198,7 @@ async def test_untrusted_annotations_are_not_believed_and_the_config_decides(tmp
         trusted=stdio(chaos_server_command(tmp_path / "b.journal"), trust_annotations=True, approve="writes"),
         listed=stdio(chaos_server_command(tmp_path / "c.journal"), read_tools=["huge_read"],
                      allow=["huge_read", "unlock_door", "lookup"], deny=["lookup"], approve="never"))
-    async with open_app(config, db=tmp_path / "e.db", llm=scripted(say("hi")), data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=scripted(say("hi")), data_dir=tmp_path) as app:
         kinds = {t.name: (t.effect, t.destructive, t.ask_first) for t in app.mcp.tools()}
     # No trust: every tool is a destructive write, asked about first, whatever it says of itself.
     assert kinds["plain__huge_read"] == kinds["plain__lookup"] == ("write", True, True)
@@ -220,7 +221,7 @@ async def test_a_huge_result_is_cut_with_a_note_and_a_tool_error_is_a_failed_wri
                                                approve="never", max_result_chars=1000))
     provider = scripted(call("chaos__huge_read", chars=2_000_000), say("It is long."),
                         call("chaos__fail_write", label="z"), say("That failed."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         agent = app.agent(TextSurface(out=io.StringIO()), "c1")
         await agent.run_turn("read it")
         await agent.run_turn("write z")
@@ -238,7 +239,7 @@ async def test_a_server_gets_only_the_environment_the_config_gives(tmp_path, mon
     journal = tmp_path / "j"
     config = config_with(tmp_path, chaos=stdio(chaos_server_command(journal), env={"CHAOS_MODE": "test"}))
     config["tools"]["command_env"] = ["PATH"]
-    async with open_app(config, db=tmp_path / "e.db", llm=scripted(say("hi")), data_dir=tmp_path):
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=scripted(say("hi")), data_dir=tmp_path):
         pid = server_pid(journal)
         environ = dict(line.split("=", 1) for line in
                        Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in line)
@@ -252,7 +253,7 @@ async def test_a_server_that_cannot_start_costs_one_line_and_the_assistant_goes_
                          missing={"command": "/no/such/server"},
                          good=stdio(time_server_command(), trust_annotations=True))
     provider = scripted(call("good__get_current_time", timezone="Europe/London"), say("It is evening."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         out = io.StringIO()
         await app.announcer.attach(TextSurface(out=out).notice)
         agent = app.agent(TextSurface(out=out), "c1")
@@ -276,7 +277,7 @@ async def test_server_memory_from_npm_keeps_what_it_was_told(tmp_path, monkeypat
     entity = {"name": "Ada", "entityType": "person", "observations": ["likes tea"]}
     provider = scripted(call("memory__create_entities", entities=[entity]), say("Noted."),
                         call("memory__read_graph"), say("Ada likes tea."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         kinds = {t.name: t.effect for t in app.mcp.tools()}
         agent = app.agent(TextSurface(out=io.StringIO()), "c1")
         await agent.run_turn("remember that Ada likes tea")
@@ -295,7 +296,7 @@ async def test_a_destructive_call_waits_for_yes_and_no_declines_without_dispatch
     provider = scripted(call("chaos__unlock_door", door="front"), say("Unlocked."),
                         call("chaos__unlock_door", door="back"), say("Okay, I left it locked."),
                         call("chaos__unlock_door", door="side"), say("unused"), say("Okay."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         out = io.StringIO()
         answers = Answers("yes", "no, leave it", None)
         agent = app.agent(TextSurface(out=out, read_answer=answers), "c1")
@@ -331,7 +332,7 @@ async def test_yes_always_is_remembered_per_server_and_tool_and_can_be_revoked(t
     provider = scripted(call("chaos__unlock_door", door="a"), say("Done."),
                         call("chaos__unlock_door", door="b"), say("Done."),
                         call("chaos__crash_write", label="c"), say("unused"), say("Okay."))
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         answers = Answers("yes, always", "no")
         agent = app.agent(TextSurface(out=io.StringIO(), read_answer=answers), "c1")
         await agent.run_turn("unlock a")
@@ -356,7 +357,7 @@ async def test_a_stop_while_a_question_waits_withdraws_it_and_nothing_is_dispatc
         await never.wait()
         return None
 
-    async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+    async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
         agent = app.agent(TextSurface(out=io.StringIO(), read_answer=no_answer), "c1")
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.run_turn, "unlock the front door")
@@ -384,7 +385,7 @@ async def test_a_stop_during_an_http_call_ends_the_request_as_the_revision_says(
         config = config_with(tmp_path, home={"url": url, "headers": {"Authorization": "HA_AUTHORIZATION"},
                                              "approve": "never"})
         provider = scripted(call("home__HassTurnOff", name="Front door"))
-        async with open_app(config, db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
+        async with open_app(Settings.from_config(config), db=tmp_path / "e.db", llm=provider, data_dir=tmp_path) as app:
             server = app.mcp.servers[0]
             assert server.protocol == ("2026-07-28" if modern else "2025-11-25")
             agent = app.agent(TextSurface(out=io.StringIO()), "c1")

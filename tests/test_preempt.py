@@ -9,7 +9,7 @@ import numpy as np
 
 from timeline import AUDIO, Timeline, at, default_config, run_timeline
 from voice.audio.wav import read_mono16k, write_wav
-from voice.agent.tools import Tool
+from voice.agent.tools.base import Tool
 from voice.agent.tools.base import Receipt, ToolOutcome
 from voice.log import events as ev
 

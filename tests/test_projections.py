@@ -82,7 +82,7 @@ async def test_a_forked_conversation_continues_from_the_prefix(store):
 def test_speech_played_amends_a_completed_message(store):
     """Voice: the stream completed, then the person cut the speech. The
     amendment (not a rewrite) makes history hold only what was heard."""
-    turn = store.start_turn("c1", {"source": "voice"})
+    turn = store.start_turn("c1", ev.TurnStart(source="voice"))
     # (rows recorded as bodies: the untyped `append` these used is gone, #25)
     store.record("c1", ev.UserMessage(content="tell me"), turn=turn)
     store.record("c1", ev.AssistantMessage(message_id=f"{turn}.0.0", content=[
@@ -97,7 +97,7 @@ def test_speech_played_amends_a_completed_message(store):
 
 
 def test_speech_played_with_nothing_heard_drops_the_message(store):
-    turn = store.start_turn("c1", {"source": "voice"})
+    turn = store.start_turn("c1", ev.TurnStart(source="voice"))
     store.record("c1", ev.UserMessage(content="tell me"), turn=turn)
     store.record("c1", ev.AssistantMessage(message_id=f"{turn}.0.0", content=[
         {"type": "text", "text": "Alpha beta."}]), turn=turn, step=0, attempt=0)

@@ -19,7 +19,7 @@ import pytest
 
 from show_log import write_turn
 from test_service import env_for, voice
-from voice.log.store import _MIGRATIONS
+from voice.log.schema import MIGRATIONS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,7 +28,7 @@ READERS = (("history",), ("trace", "1"), ("effects",), ("show", "1", "--out", "{
 
 def as_schema_3(db: Path) -> None:
     """The log as voice wrote it before issue #14's indexes (schema 4)."""
-    added = re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", _MIGRATIONS[4])  # what migration 4 adds
+    added = re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", MIGRATIONS[4])  # what migration 4 adds
     with sqlite3.connect(db) as c:
         c.executescript("".join(f"DROP INDEX {name};" for name in added) + "PRAGMA user_version = 3;")
         c.execute("PRAGMA journal_mode = DELETE")  # at rest, as a log that was sent arrives

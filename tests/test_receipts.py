@@ -13,9 +13,10 @@ import pytest
 from autojump import on_autojump, virtual_wall
 from conftest import printed_reply, run_and_cancel_when, scripted
 from voice.agent.effects import effects
-from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings, ToolEnv
 from voice.agent.recovery import recover
-from voice.agent.tools import Receipt, Tool, ToolOutcome, ToolRegistry
+from voice.agent.tools.base import Receipt, Tool, ToolOutcome, ToolRegistry
 from voice.agent.tools.notes import notes_tools
 from voice.agent.tools.timers import TimerService, timer_tools
 from voice.log import events as ev
@@ -271,7 +272,7 @@ async def test_a_model_repeating_a_confirmed_write_in_the_same_turn_is_blocked(s
 async def test_reconcile_resolves_an_unknown_note_without_writing_it_again(store, tmp_path):
     # A crash after the write reached the file but before the receipt.
     (tmp_path / "data").mkdir()
-    turn = store.start_turn("c-test", {"source": "text"})
+    turn = store.start_turn("c-test", ev.TurnStart(source="text"))
     # (rows recorded as bodies: the untyped `append` these used is gone, #25)
     at = {"turn": turn, "step": 0, "attempt": 0}
     store.record("c-test", ev.UserMessage(content="note buy milk"), turn=turn)

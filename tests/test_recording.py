@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from show_log import CONVERSATION, REPLY_0, REPLY_1, write_turn
+from voice.settings import Settings
 from voice.audio.recording import Recorder
 from voice.config import load_config_with_sources
 from voice.log import events as ev
@@ -100,7 +101,7 @@ def test_a_saved_session_is_a_scenario_of_its_recorded_replies_and_tools(tmp_pat
         ring.add(mic, played)
     config, _ = load_config_with_sources(None)
     try:
-        saved = save_session(tmp_path / "saved", ring, store, config, since_seq=0)
+        saved = save_session(tmp_path / "saved", ring, store, Settings.from_config(config), since_seq=0)
     finally:
         store.close()
     out = tmp_path / "saved"
@@ -153,7 +154,7 @@ def test_a_ring_that_begins_mid_session_keeps_the_listen_gates_state(tmp_path):
         for mic, played in blocks(14.0):  # the ring keeps 10 s to 14 s
             ring.add(mic, played)
         try:
-            info = save_session(tmp_path / f"{name}-saved", ring, store, config, since_seq=0)
+            info = save_session(tmp_path / f"{name}-saved", ring, store, Settings.from_config(config), since_seq=0)
         finally:
             store.close()
         assert info["mic_start"] == 10 * rate
@@ -179,7 +180,7 @@ def test_a_ring_that_begins_mid_session_keeps_the_listen_gates_state(tmp_path):
 def test_the_config_written_beside_it_is_a_valid_config(tmp_path):
     config, _ = load_config_with_sources(None)
     path = tmp_path / "config.toml"
-    path.write_text(config_toml(config))
+    path.write_text(config_toml(Settings.from_config(config)))
     again, sources = load_config_with_sources(str(path))
     assert again == config
     assert {k.split(".")[0] for k, v in sources.items() if v != "default"} >= {"vad", "barge_in", "listen"}

@@ -18,7 +18,7 @@ from PIL import Image
 from show_log import CONVERSATION, HEARD, TURN, write_turn
 from voice.log.store import EventStore
 from voice.show.load import from_log
-from voice.show.page import HEARD as HEARD_FILL
+from voice.show.style import HEARD as HEARD_FILL
 from voice.show.page import write_html
 
 WINDOW = (1400, 1500)

@@ -15,14 +15,18 @@ import pytest
 
 from voice.agent.providers.base import Finish, ModelRequest, ProviderRoute, TextDelta, ToolCallDelta
 from voice.agent.providers.scripted import split_words
-from voice.agent.providers.skills import HINT, SkillsProvider, spoken_duration
+from voice.agent.providers.skills import HINT, SkillsProvider
+from voice.agent.tools.timers import spoken_duration
 from voice.log import events as ev
 from voice.log.events import ToolResult
-from voice.log.projections import chat_view, tool_result_text
+from voice.log.projections import chat_view
+from voice.log.window import tool_result_text
 
 from conftest import printed_reply, text_agent
-from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv
-from voice.agent.tools import ToolRegistry, get_time_tool
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings, ToolEnv
+from voice.agent.tools.base import ToolRegistry
+from voice.agent.tools.clock import get_time_tool
 from voice.agent.tools.notes import notes_tools
 from voice.surfaces.text import TextSurface
 

@@ -13,7 +13,8 @@ import pytest
 
 from voice.log import events as ev
 from voice.log.events import EVENT_TYPES, SURFACE_TYPES, Event, encode_payload
-from voice.log.store import SCHEMA_VERSION, DuplicateTurnEnd, EventStore, new_conversation_id
+from voice.log.schema import SCHEMA_VERSION
+from voice.log.store import DuplicateTurnEnd, EventStore, new_conversation_id
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -113,13 +114,13 @@ def test_append_without_payload_stores_an_empty_object(store: EventStore):
 
 
 def test_filters_types_turn_after_seq_and_conversation(store: EventStore):
-    t1 = store.start_turn("c-a", {"source": "text"})
+    t1 = store.start_turn("c-a", ev.TurnStart(source="text"))
     store.record("c-a", ev.UserMessage(content="one"), turn=t1)
     store.record("c-a", ev.StepStart(), turn=t1, step=0, attempt=0)
     store.end_turn("c-a", t1, ev.COMPLETED)
-    t2 = store.start_turn("c-b", {"source": "text"})
+    t2 = store.start_turn("c-b", ev.TurnStart(source="text"))
     store.record("c-b", ev.UserMessage(content="two"), turn=t2)
-    t3 = store.start_turn("c-a", {"source": "voice"})
+    t3 = store.start_turn("c-a", ev.TurnStart(source="voice"))
     store.record("c-a", ev.UserMessage(content="three"), turn=t3)
 
     users = store.events(types={ev.USER_MESSAGE})
@@ -158,9 +159,9 @@ def test_non_json_payload_raises_and_writes_nothing(store: EventStore, bad):
 
 def test_non_json_payload_in_start_turn_writes_nothing(store: EventStore):
     with pytest.raises(ValueError):
-        store.start_turn("c-a", {"x": float("nan")})
+        store.start_turn("c-a", ev.TurnStart(source=float("nan")))
     assert store.events() == []
-    assert store.start_turn("c-a", {}) == 1  # no transaction left open
+    assert store.start_turn("c-a", ev.TurnStart()) == 1  # no transaction left open
 
 
 def test_unknown_event_type_raises(store: EventStore):
@@ -177,9 +178,9 @@ def test_unknown_event_type_raises(store: EventStore):
 
 
 def test_start_turn_allocates_increasing_ids_across_conversations(store: EventStore):
-    a1 = store.start_turn("c-a", {"source": "text"})
-    b1 = store.start_turn("c-b", {"source": "voice"})
-    a2 = store.start_turn("c-a", {"source": "text"})
+    a1 = store.start_turn("c-a", ev.TurnStart(source="text"))
+    b1 = store.start_turn("c-b", ev.TurnStart(source="voice"))
+    a2 = store.start_turn("c-a", ev.TurnStart(source="text"))
     assert a1 < b1 < a2
     assert (a1, b1, a2) == (1, 2, 3)
     starts = store.events(types={ev.TURN_START})
@@ -188,11 +189,11 @@ def test_start_turn_allocates_increasing_ids_across_conversations(store: EventSt
     ]
     # a turn id used by another event type also counts
     store.record("c-c", ev.UserMessage(content="x"), turn=10)
-    assert store.start_turn("c-c", {}) == 11
+    assert store.start_turn("c-c", ev.TurnStart()) == 11
 
 
 def test_end_turn_twice_keeps_the_first_outcome(store: EventStore):
-    turn = store.start_turn("c-a", {})
+    turn = store.start_turn("c-a", ev.TurnStart())
     assert store.end_turn("c-a", turn, ev.ABORTED, reason="stop") is True
     assert store.end_turn("c-a", turn, ev.COMPLETED) is False
     ends = _turn_ends(store, "c-a", turn)
@@ -201,7 +202,7 @@ def test_end_turn_twice_keeps_the_first_outcome(store: EventStore):
 
 
 def test_raw_second_turn_end_raises_duplicate(store: EventStore):
-    turn = store.start_turn("c-a", {})
+    turn = store.start_turn("c-a", ev.TurnStart())
     store.record("c-a", ev.TurnEnd(outcome=ev.COMPLETED), turn=turn)
     before = store.events()
     with pytest.raises(DuplicateTurnEnd):
@@ -210,7 +211,7 @@ def test_raw_second_turn_end_raises_duplicate(store: EventStore):
 
 
 def test_same_turn_id_in_two_conversations_may_each_end_once(store: EventStore):
-    turn = store.start_turn("c-a", {})
+    turn = store.start_turn("c-a", ev.TurnStart())
     store.copy_events(store.events("c-a"), "c-fork")
     assert store.end_turn("c-a", turn, ev.COMPLETED) is True
     assert store.end_turn("c-fork", turn, ev.ABORTED) is True
@@ -223,7 +224,7 @@ def test_turn_end_race_across_two_connections(db_path: Path):
     """Two processes (here two connections) ending the same turn: one wins."""
     a, b = EventStore(db_path), EventStore(db_path)
     try:
-        turn = a.start_turn("c-a", {})
+        turn = a.start_turn("c-a", ev.TurnStart())
         assert a.end_turn("c-a", turn, ev.ABORTED) is True
         assert b.end_turn("c-a", turn, ev.COMPLETED) is False
         assert [e.payload["outcome"] for e in _turn_ends(b, "c-a", turn)] == ["aborted"]
@@ -234,9 +235,9 @@ def test_turn_end_race_across_two_connections(db_path: Path):
 
 def test_open_turns(store: EventStore):
     assert store.open_turns() == []
-    t1 = store.start_turn("c-a", {})
-    t2 = store.start_turn("c-b", {})
-    t3 = store.start_turn("c-a", {})
+    t1 = store.start_turn("c-a", ev.TurnStart())
+    t2 = store.start_turn("c-b", ev.TurnStart())
+    t3 = store.start_turn("c-a", ev.TurnStart())
     assert store.open_turns() == [("c-a", t1), ("c-b", t2), ("c-a", t3)]
     store.end_turn("c-a", t1, ev.COMPLETED)
     assert store.open_turns() == [("c-b", t2), ("c-a", t3)]
@@ -263,7 +264,7 @@ def test_open_turns(store: EventStore):
     ],
 )
 def test_log_is_append_only(store: EventStore, sql: str):
-    turn = store.start_turn("c-a", {"source": "text"})
+    turn = store.start_turn("c-a", ev.TurnStart(source="text"))
     store.record("c-a", ev.UserMessage(content="hello"), turn=turn)
     store.end_turn("c-a", turn, ev.COMPLETED)
     before = store.events()
@@ -307,10 +308,10 @@ def test_creates_parent_folders(tmp_path: Path):
 
 def test_reopen_keeps_events_and_continues_seq(db_path: Path):
     first = EventStore(db_path)
-    t1 = first.start_turn("c-a", {"source": "text"})
+    t1 = first.start_turn("c-a", ev.TurnStart(source="text"))
     first.record("c-a", ev.UserMessage(content="before restart"), turn=t1)
     first.end_turn("c-a", t1, ev.COMPLETED)
-    t2 = first.start_turn("c-a", {})
+    t2 = first.start_turn("c-a", ev.TurnStart())
     old = first.events()
     first.close()
 
@@ -320,7 +321,7 @@ def test_reopen_keeps_events_and_continues_seq(db_path: Path):
         assert second.open_turns() == [("c-a", t2)]
         e = second.record("c-a", ev.UserMessage(content="after restart"), turn=t2)
         assert e.seq > old[-1].seq
-        assert second.start_turn("c-a", {}) == t2 + 1
+        assert second.start_turn("c-a", ev.TurnStart()) == t2 + 1
         assert second.end_turn("c-a", t1, ev.ERROR) is False  # still ended
         assert second._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
@@ -388,7 +389,7 @@ def test_opening_an_old_database_migrates_it(tmp_path: Path):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             store._db.execute("DELETE FROM events")
         # and it keeps working: new turns continue after the old ids
-        assert store.start_turn("c-old", {}) == 3
+        assert store.start_turn("c-old", ev.TurnStart()) == 3
         assert store.end_turn("c-old", 3, ev.COMPLETED) is True
         assert len(store.events()) == 4
     finally:
@@ -447,8 +448,8 @@ def test_conversations_latest_and_of_turn(store: EventStore):
     assert store.latest_conversation() is None
     assert store.conversations_of_turn(1) == []
 
-    t1 = store.start_turn("c-b", {})
-    t2 = store.start_turn("c-a", {})
+    t1 = store.start_turn("c-b", ev.TurnStart())
+    t2 = store.start_turn("c-a", ev.TurnStart())
     assert store.conversations() == ["c-b", "c-a"]  # oldest first, not alphabetical
     assert store.latest_conversation() == "c-a"
     store.record("c-b", ev.UserMessage(content="later"), turn=t1)
@@ -464,11 +465,11 @@ def test_conversations_latest_and_of_turn(store: EventStore):
 
 
 def test_copy_events_keeps_turn_ids_and_payloads(store: EventStore):
-    t1 = store.start_turn("c-a", {"source": "text"})
+    t1 = store.start_turn("c-a", ev.TurnStart(source="text"))
     store.record("c-a", ev.UserMessage(content="hello"), turn=t1)
     store.record("c-a", ev.AssistantMessage(content=[{"type": "text", "text": "Hi."}]), turn=t1, step=0, attempt=1)
     store.end_turn("c-a", t1, ev.COMPLETED)
-    t2 = store.start_turn("c-a", {"source": "text"})
+    t2 = store.start_turn("c-a", ev.TurnStart(source="text"))
     store.record("c-a", ev.UserMessage(content="second"), turn=t2)
     original = store.events("c-a")
 
@@ -489,7 +490,7 @@ def test_copy_events_keeps_turn_ids_and_payloads(store: EventStore):
 
 
 def test_copy_events_is_all_or_nothing(store: EventStore):
-    t1 = store.start_turn("c-a", {})
+    t1 = store.start_turn("c-a", ev.TurnStart())
     store.end_turn("c-a", t1, ev.COMPLETED)
     events = store.events("c-a")
     # copying the turn/end twice into one conversation violates the unique index

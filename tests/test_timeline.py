@@ -20,7 +20,7 @@ import pytest
 
 from model_replies import REAL_REPLIES
 from timeline import Outcome, Timeline, after_reply, at, barge_in, default_config, run_timeline
-from voice.agent.tools import Tool
+from voice.agent.tools.base import Tool
 from voice.agent.tools.base import Receipt, ToolOutcome
 from voice.log import events as ev
 from voice.speech.session import VoiceSession

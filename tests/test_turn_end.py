@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 
 from timeline import Timeline, at, barge_in, default_config, run_timeline
+from voice.settings import Settings
 from voice.log import events as ev
 from voice.speech.judge import STOP_PHRASES
 from voice.speech.stt import Transcript
-from voice.speech.turn_end import OVER_REPLY_END_S, OVER_REPLY_TAIL_S, TurnEndSettings, TurnEndTracker, complete, decide
+from voice.speech.turn_end import OVER_REPLY_END_S, OVER_REPLY_TAIL_S, TurnEndTracker, complete, decide
+from voice.settings import TurnEndSettings
 
 RATE = 16000
 BLOCK = 320
@@ -248,7 +250,7 @@ def test_real_speech_with_mid_sentence_pauses_is_one_turn(turn_end_bench, name):
     from voice.speech.settings import VoiceSettings
     from voice.speech.stt import WhisperEngine
 
-    settings = VoiceSettings.from_config(load_config(None))
+    settings = VoiceSettings.from_settings(Settings.from_config(load_config(None)))
     vad = vad_analyzer(settings.vad)
     vad.set_sample_rate(RATE)
     clip = next(c for c in turn_end_bench.clips() if c["name"] == name)

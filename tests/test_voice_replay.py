@@ -25,7 +25,8 @@ from voice.log import events as ev
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
 from voice.speech.speakable import SpeakableStream
-from voice.speech.turn_end import OVER_REPLY_END_S, TurnEndSettings
+from voice.speech.turn_end import OVER_REPLY_END_S
+from voice.settings import TurnEndSettings
 from voice.speech.vad_gate import SoundGate
 
 ROOT = Path(__file__).resolve().parents[1]

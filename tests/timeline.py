@@ -46,8 +46,9 @@ from loguru import logger
 
 from fakes import Said, ScriptedStt, WordTts
 from leaks import describe_tasks, describe_threads, tasks_left, threads_left
+from voice.settings import Settings
 from voice.agent.providers.scripted import ScriptedProvider, parse_replies
-from voice.agent.tools import Tool
+from voice.agent.tools.base import Tool
 from voice.app import open_app
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.replay_device import BLOCK, ReplayDevice, UserClip
@@ -197,12 +198,12 @@ async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any]) -> Ou
     provider = ScriptedProvider(parse_replies(timeline.replies, "timeline"))
     transcript: list[str] = []
     asides: list[str] = []
-    settings = VoiceSettings.from_config(config, listen_mode="open")
+    settings = VoiceSettings.from_settings(Settings.from_config(config), listen_mode="open")
     store = PositionedStore(tmp_path / "events.db", device)
     shutdown_at: int | None = None
     shutdown_began: float | None = None
     shutdown_took: float | None = None
-    async with open_app(config, store=store, llm=provider, data_dir=tmp_path / "data", recovery=False) as app:
+    async with open_app(Settings.from_config(config), store=store, llm=provider, data_dir=tmp_path / "data", recovery=False) as app:
         for tool in timeline.tools:
             app.tools.add(tool)
         session = build_voice_session(app, device, SpeechModels(stt, tts), settings,

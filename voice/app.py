@@ -39,13 +39,16 @@ from typing import Any
 import anyio
 
 from voice.agent.approvals import Approvals, Grants
-from voice.agent.loop import AgentLoop, LoopSettings, ToolEnv, history_budget
+from voice.agent.loop import AgentLoop
+from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
-from voice.agent.providers import Hold, Provider, open_provider
+from voice.agent.providers import Hold, open_provider
+from voice.agent.providers.base import Provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
-from voice.agent.tools import ToolRegistry, default_tools
+from voice.agent.tools.base import ToolRegistry
+from voice.agent.tools import default_tools
 from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
 from voice.log.late import record_late
@@ -145,14 +148,14 @@ class Announcer:
 class App:
     """What every surface starts with. Built by `open_app` only."""
 
-    config: Settings
+    settings: Settings
     store: EventStore
     provider: Provider
     tools: ToolRegistry
     tool_env: ToolEnv
     timers: TimerService
     announcer: Announcer
-    settings: LoopSettings
+    loop_settings: LoopSettings
     mcp: McpServers = field(default_factory=lambda: McpServers([]))
     prepared: Any = None  # what open_app's `before_log` made (a voice session's loaded models)
 
@@ -163,7 +166,7 @@ class App:
     def agent(self, surface: Surface, conversation: str, tools: ToolRegistry | None = None) -> AgentLoop:
         """An agent loop on this app's log, provider and tools, answering
         through `surface` in `conversation`."""
-        return AgentLoop(self.store, self.provider, surface, conversation, tools or self.tools, self.settings,
+        return AgentLoop(self.store, self.provider, surface, conversation, tools or self.tools, self.loop_settings,
                          self.tool_env)
 
 
@@ -180,15 +183,14 @@ def mcp_servers(specs: list[ServerSpec], store: EventStore, command_env: dict[st
 
 
 @asynccontextmanager
-async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | None = None,
+async def open_app(settings: Settings, *, db: str | Path | None = None,
                    store: EventStore | None = None, llm: str | Provider | None = None,
                    notice: Callable[[str], None] = lambda text: None, data_dir: Path | None = None,
                    recovery: bool = True, mcp: bool = True, grants: Path | None = None, hold: Hold | None = None,
                    before_log: Callable[[], Awaitable[Any]] | None = None) -> AsyncIterator[App]:
     """Open the assistant behind any surface (see the module docstring).
 
-    `config`: the typed settings (a checked config dict, as tests give
-    one, is read into them here). `db` names the log (or `store` is one
+    `settings`: the config, read. `db` names the log (or `store` is one
     already opened: the app closes it too); `llm` is a provider spec ("auto", "openai", a URL, "scripted:FILE";
     default: the config's) or a provider already built (the app closes it);
     `notice` hears how the provider was chosen (e.g. the skills fallback);
@@ -199,7 +201,6 @@ async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | Non
     `hold`: around the provider's network I/O (a replay's clock); `before_log`:
     what must fail before the log is opened (a voice session's models: one
     that cannot load leaves no log behind), its result `App.prepared`."""
-    settings = Settings.of(config)
     spec = llm if llm is not None else settings.llm.provider
     # The provider first: a bad --llm fails before anything else is opened.
     provider = await open_provider(spec, settings.llm, notice=notice, hold=hold) if isinstance(spec, str) else spec
@@ -231,11 +232,11 @@ async def open_app(config: Settings | Mapping[str, Any], *, db: str | Path | Non
                     notice(line)
                 for line in app.mcp.not_started():  # one line each, where the person is (spoken, printed, sent)
                     await announcer(line)
-                await token_counter(provider, app.settings, app.tools.schemas())
-                left = history_budget(app.settings, app.tools.schemas())
+                await token_counter(provider, app.loop_settings, app.tools.schemas())
+                left = history_budget(app.loop_settings, app.tools.schemas())
                 if app.mcp.servers and left < MIN_HISTORY_TOKENS:
                     notice(f"mcp: the tool schemas leave {left} tokens of llm.context_tokens = "
-                           f"{app.settings.context_tokens} for the conversation: offer fewer tools "
+                           f"{app.loop_settings.context_tokens} for the conversation: offer fewer tools "
                            "(mcp.servers.NAME.allow or deny), or raise llm.context_tokens")
                 if recovery:
                     report = await recover(store, app.tools, env)

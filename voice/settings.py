@@ -229,11 +229,6 @@ class Settings:
             sections[f.name] = kind(**values)
         return cls(**sections)
 
-    @classmethod
-    def of(cls, config: Settings | Mapping[str, Any]) -> Settings:
-        """Settings as they are, or a checked config dict (tests, benchmarks) read once."""
-        return config if isinstance(config, Settings) else cls.from_config(config)
-
     @property
     def data_dir(self) -> Path:
         """Where notes go (the XDG data folder)."""

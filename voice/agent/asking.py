@@ -23,16 +23,16 @@ from voice.log import events as ev
 from voice.log.events import UNSET
 
 if TYPE_CHECKING:
-    from voice.agent.loop import _TurnState
+    from voice.agent.turn_state import TurnState
 
 
 class AskingFirst:
     """The loop's questions to the person (see the module)."""
 
-    def _asked_at(self, state: _TurnState) -> tuple[str, int | None, int | None, int | None]:
+    def _asked_at(self, state: TurnState) -> tuple[str, int | None, int | None, int | None]:
         return (self.conversation, state.turn, state.step, state.attempt)
 
-    def _withdraw_restarted(self, state: _TurnState, asked: ev.ApprovalRequested) -> None:
+    def _withdraw_restarted(self, state: TurnState, asked: ev.ApprovalRequested) -> None:
         """The question a restart left unanswered is withdrawn (`how`
         restart) where it was asked: the turn asks it again."""
         for e in self.store.events(None, types={ev.APPROVAL_REQUESTED}):
@@ -41,7 +41,7 @@ class AskingFirst:
                 record_answer(self.store, e, asked.approval_id, Answer(WITHDRAWN, "restart"))
                 break
 
-    async def _ask_person(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
+    async def _ask_person(self, state: TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
                           key: tuple[str, str]) -> Answer:
         """Ask, record the question and its answer, and say what the answer
         was; an "always" is kept under `key` (source, name). A cancel (a
@@ -70,7 +70,7 @@ class AskingFirst:
             await self.surface.notice(said)
         return answer
 
-    async def _answer(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any], question: str,
+    async def _answer(self, state: TurnState, call: ToolCall, tool: Tool, args: dict[str, Any], question: str,
                       approvals: Approvals | None, key: tuple[str, str]) -> Answer:
         """The person's answer: a remembered one, the client's own dialog
         (ACP), or their next words after the question."""

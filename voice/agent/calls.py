@@ -18,14 +18,14 @@ from voice.agent import turn_rows as rows
 from voice.agent.approvals import GRANTED
 from voice.agent.blocks import ToolCall
 from voice.agent.effects import effects, reconcile_one, record_receipt
-from voice.agent.tools import ToolError
+from voice.agent.tools.base import ToolError
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
 from voice.agent.turn_rows import Place
 from voice.log import events as ev
 from voice.log.store import EventStore
 
 if TYPE_CHECKING:
-    from voice.agent.turn_state import _TurnState
+    from voice.agent.turn_state import TurnState
 
 
 def record_unfinished_call(store: EventStore, place: Place, call_id: str, name: str, *, dispatched: bool,
@@ -43,7 +43,7 @@ def record_unfinished_call(store: EventStore, place: Place, call_id: str, name: 
 class RunningCalls:
     """The loop's tool calls (see the module)."""
 
-    async def _run_tools(self, state: _TurnState, calls: list[ToolCall]) -> bool:
+    async def _run_tools(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run the step's calls in order. True when the writes were confirmed
         and said so (the model's held completion, or the tools' phrases)."""
         state.pending_calls = list(calls)
@@ -62,7 +62,7 @@ class RunningCalls:
                 phrases.append(result.phrase)
         return await self._release_held(state, receipts, phrases)
 
-    async def _run_tool(self, state: _TurnState, call: ToolCall) -> tuple[str, ev.ToolResult]:
+    async def _run_tool(self, state: TurnState, call: ToolCall) -> tuple[str, ev.ToolResult]:
         """Run one call and record its one `tool/result`. Returns, with the
         result, what is known of the call's effect for the held completion:
         confirmed | failed | unknown, "" for a read."""
@@ -105,7 +105,7 @@ class RunningCalls:
                     await self._tool_state(call, "completed" if result.status == "ok" and result.receipt != ev.FAILED
                                            else "failed", result)
 
-    async def _dispatch(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
+    async def _dispatch(self, state: TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
                         ctx: ToolContext) -> tuple[str, ev.ToolResult]:
         """Run a dispatched call; records a write's receipt. Returns what is
         known of its effect ("" for a read) and its result."""
@@ -142,7 +142,7 @@ class RunningCalls:
             tool = self.tools.get(call.name)
             await show(call, tool, status, result)
 
-    async def _approve(self, state: _TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
+    async def _approve(self, state: TurnState, call: ToolCall, tool: Tool, args: dict[str, Any],
                        key: tuple[str, str]) -> ev.ToolResult | None:
         """Ask the person before dispatching (voice.agent.asking), under the
         grant `key` (`Tool.approval_key`): None once a grant is recorded,
@@ -155,12 +155,12 @@ class RunningCalls:
             return None
         return ev.ToolResult.declined(call.id, call.name, answer.how, answer.words)
 
-    def _receipt(self, state: _TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
+    def _receipt(self, state: TurnState, call: ToolCall, outcome: str, evidence: dict[str, Any], write: bool) -> None:
         if write:
             record_receipt(self.store, self.conversation, call.id, call.name, "dispatch", outcome, evidence,
                            turn=state.turn, step=state.step, attempt=state.attempt)
 
-    async def _blocked_repeat(self, state: _TurnState, call: ToolCall, args: dict[str, Any],
+    async def _blocked_repeat(self, state: TurnState, call: ToolCall, args: dict[str, Any],
                               ctx: ToolContext) -> ev.ToolResult | None:
         """I9: a write identical to an earlier one is not run again when the
         earlier one's outcome is still unknown (reconcile() may resolve it

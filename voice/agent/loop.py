@@ -41,19 +41,13 @@ from voice.agent.providers.base import (
 )
 from voice.agent.moving_window import MovingWindow
 from voice.agent.surface import Delivered, Surface, UnitRef
-from voice.agent.tools import ToolRegistry
+from voice.agent.tools.base import ToolRegistry
 from voice.agent.turn_rows import Place
-from voice.agent.turn_state import TurnResult, _own_ids, _Streaming, _truncate, _TurnState, call_id
+from voice.agent.turn_state import Streaming, TurnResult, TurnState, call_id, delivered_prefix, own_ids
 from voice.log import events as ev
 from voice.log.projections import provider_messages
 from voice.log.window import Window
 from voice.log.store import EventStore
-
-# What the loop is given and what a turn holds live in their own modules
-# (loop_settings, turn_state), its tool calls and questions in calls and
-# asking; these names are imported from here too.
-__all__ = ["AgentLoop", "LoopSettings", "ToolEnv", "TurnResult", "history_budget", "call_id",
-           "record_unfinished_call", "_TurnState"]
 
 
 class AgentLoop(RunningCalls, AskingFirst):
@@ -76,7 +70,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         self.tool_env = tool_env or ToolEnv()
         self._scope: anyio.CancelScope | None = None
         self._turn_over: anyio.Event | None = None  # set as the running turn's scope closes
-        self._state: _TurnState | None = None
+        self._state: TurnState | None = None
         self._cancel_outcome = ev.ABORTED
         self._cancel_reason: str | None = None  # turn/end's reason, for a cancel that gives one
         self.current_turn: int | None = None
@@ -170,7 +164,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             message = (ev.UserMessage(content=user_text, source=source) if audio is None
                        else ev.UserMessage(content=user_text, source=source, audio=audio))
             self.store.record(self.conversation, message, turn=turn)
-        state = _TurnState(turn, early=early, asked_again=asked_again)
+        state = TurnState(turn, early=early, asked_again=asked_again)
         self._state = state
         self._cancel_outcome, self._cancel_reason = ev.ABORTED, None
         self.current_turn = turn
@@ -212,7 +206,7 @@ class AgentLoop(RunningCalls, AskingFirst):
 
     # -- steps -------------------------------------------------------------
 
-    async def _run_steps(self, state: _TurnState) -> str:
+    async def _run_steps(self, state: TurnState) -> str:
         first = 0
         if state.asked_again is not None:
             await self._ask_again(state)
@@ -227,7 +221,7 @@ class AgentLoop(RunningCalls, AskingFirst):
                 state.step_open = False
                 self._end_turn(state, ev.ERROR, error="the language model request failed")
                 return ev.ERROR
-            calls = _own_ids(UnitRef(self.conversation, state.turn, state.step, state.attempt), assembler.tool_calls())
+            calls = own_ids(UnitRef(self.conversation, state.turn, state.step, state.attempt), assembler.tool_calls())
             # A completion the model streamed after its writes, once confirmed
             # and spoken, ends the turn: asking again would only repeat it.
             completed = await self._run_tools(state, calls) if calls else False
@@ -241,7 +235,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         self._end_turn(state, ev.COMPLETED)
         return ev.COMPLETED
 
-    async def _ask_again(self, state: _TurnState) -> None:
+    async def _ask_again(self, state: TurnState) -> None:
         """Step 0 of a turn that asks again what a restart left unanswered:
         the call as the model made it, run through the approval again (its
         old question is withdrawn, answered `restart`); nothing is
@@ -259,7 +253,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         rows.step_end(self.store, self._at(state), "tool_calls")
         state.step_open = False
 
-    async def _request_with_retries(self, state: _TurnState) -> BlockAssembler | None:
+    async def _request_with_retries(self, state: TurnState) -> BlockAssembler | None:
         attempt = retries = 0
         while True:
             state.attempt = attempt
@@ -281,12 +275,12 @@ class AgentLoop(RunningCalls, AskingFirst):
     def _history_budget(self, schemas: list[dict[str, Any]], shrink: int = 1) -> int:
         return history_budget(self.settings, schemas) // shrink
 
-    async def _stream(self, state: _TurnState) -> BlockAssembler:
+    async def _stream(self, state: TurnState) -> BlockAssembler:
         """One provider request. Commits the message on a normal finish;
         on a provider error records the attempt and re-raises."""
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt)
         assembler = BlockAssembler()
-        state.streaming = _Streaming(ref, assembler)
+        state.streaming = Streaming(ref, assembler)
         rows.stream_start(self.store, self._at(state), self._route())
         self.surface.open(ref)
         schemas = self.tools.schemas()
@@ -325,7 +319,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                 await stream.aclose()
         await self.surface.close(ref)
-        calls = _own_ids(ref, assembler.tool_calls())
+        calls = own_ids(ref, assembler.tool_calls())
         record = self._stream_fields(ref, assembler)
         if gate is not None:  # the message holds what came before the write; the rest waits for receipts
             state.held_text = "".join(b.text for b in assembler.blocks[gate:] if b.type == TEXT)
@@ -344,7 +338,7 @@ class AgentLoop(RunningCalls, AskingFirst):
         return {"message_id": ref.message_id, "content": assembler.content_blocks(), "route": self._route(),
                 "finish_reason": assembler.finish_reason, "stream": assembler.timed_stream}
 
-    async def _release_held(self, state: _TurnState, receipts: list[str], phrases: list[str]) -> bool:
+    async def _release_held(self, state: TurnState, receipts: list[str], phrases: list[str]) -> bool:
         """Text the model streamed after a write call plays only once every
         write of the step is confirmed; otherwise an honest phrase replaces
         it. When the model streamed nothing after its confirmed writes, the
@@ -381,7 +375,7 @@ class AgentLoop(RunningCalls, AskingFirst):
 
     # -- delivery ----------------------------------------------------------
 
-    async def _wait_played(self, state: _TurnState) -> None:
+    async def _wait_played(self, state: TurnState) -> None:
         while state.playing:
             ref = state.playing[0]
             delivered = await self.surface.wait_delivered(ref)
@@ -389,19 +383,19 @@ class AgentLoop(RunningCalls, AskingFirst):
                 self._played(state, ref, delivered)
             state.playing.pop(0)
 
-    def _played(self, state: _TurnState, ref: UnitRef, d: Delivered) -> None:
+    def _played(self, state: TurnState, ref: UnitRef, d: Delivered) -> None:
         self.store.record(self.conversation, ev.SpeechPlayed(message_id=ref.message_id, chars=d.text_chars, words=d.words,
                                                              samples=d.samples, complete=d.complete),
                           turn=ref.turn, step=ref.step, attempt=ref.attempt)
 
     # -- cancellation ------------------------------------------------------
 
-    async def _record_cancel(self, state: _TurnState, outcome: str, reason: str | None = None) -> None:
+    async def _record_cancel(self, state: TurnState, outcome: str, reason: str | None = None) -> None:
         await self.surface.stop()
         if state.streaming is not None:
             ref, assembler = state.streaming.ref, state.streaming.assembler
             assembler.close()
-            content = _truncate(assembler.interrupted_blocks(), self.surface.delivered(ref))
+            content = delivered_prefix(assembler.interrupted_blocks(), self.surface.delivered(ref))
             if content:
                 record = {**self._stream_fields(ref, assembler), "content": content}
                 self._record(state, ev.AssistantMessage(interrupted=True, surfaceOp="append", **record))
@@ -422,7 +416,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             state.step_open = False
         self._end_turn(state, outcome, **({"reason": reason} if reason else {}))
 
-    def _end_turn(self, state: _TurnState, outcome: str, **why: str) -> None:
+    def _end_turn(self, state: TurnState, outcome: str, **why: str) -> None:
         self.before_turn_end(state.turn)
         self.store.end_turn(self.conversation, state.turn, outcome, **why)
 
@@ -432,8 +426,8 @@ class AgentLoop(RunningCalls, AskingFirst):
         r = self.provider.route
         return {"provider": r.provider, "model": r.model, "base_url": r.base_url}
 
-    def _at(self, state: _TurnState) -> Place:
+    def _at(self, state: TurnState) -> Place:
         return Place(self.conversation, state.turn, state.step, state.attempt)
 
-    def _record(self, state: _TurnState, body: ev.Body) -> None:
+    def _record(self, state: TurnState, body: ev.Body) -> None:
         self.store.record(self.conversation, body, turn=state.turn, step=state.step, attempt=state.attempt)

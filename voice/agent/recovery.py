@@ -25,7 +25,7 @@ from voice.agent import turn_rows as rows
 from voice.agent.effects import effects, reconcile_one, record_receipt
 from voice.agent.calls import record_unfinished_call
 from voice.agent.turn_rows import Place
-from voice.agent.tools import ToolRegistry
+from voice.agent.tools.base import ToolRegistry
 from voice.log import events as ev
 from voice.log.store import EventStore
 

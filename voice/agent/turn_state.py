@@ -14,18 +14,18 @@ from voice.log import events as ev
 
 
 @dataclass
-class _Streaming:
+class Streaming:
     ref: UnitRef
     assembler: BlockAssembler
 
 
 @dataclass
-class _TurnState:
+class TurnState:
     turn: int
     step: int = 0
     attempt: int = 0
     step_open: bool = False
-    streaming: _Streaming | None = None
+    streaming: Streaming | None = None
     # Committed messages whose delivery may still be under way (voice).
     playing: list[UnitRef] = field(default_factory=list)
     pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
@@ -51,11 +51,11 @@ def call_id(ref: UnitRef, index: int) -> str:
     return f"call_{ref.turn}_{ref.step}_{ref.attempt}_{index}"
 
 
-def _own_ids(ref: UnitRef, calls: list[ToolCall]) -> list[ToolCall]:
+def own_ids(ref: UnitRef, calls: list[ToolCall]) -> list[ToolCall]:
     return [replace(c, id=call_id(ref, n)) for n, c in enumerate(calls)]
 
 
-def _truncate(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]:
+def delivered_prefix(blocks: list[Block], delivered: Delivered) -> list[dict[str, Any]]:
     """Keep of each text/reasoning block what the surface delivered."""
     budget = {TEXT: delivered.text_chars, REASONING: delivered.reasoning_chars}
     out = []

@@ -11,16 +11,13 @@ writer does): memory streams are not thread-safe.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from voice.log.events import Event
-
-if TYPE_CHECKING:
-    from voice.log.store import EventStore
 
 DEFAULT_BUFFER = 1024
 
@@ -96,7 +93,17 @@ class EventFeed:
             self._subscribers.remove(subscription)
 
 
-async def follow(store: EventStore, after_seq: int = 0, max_buffer: int = DEFAULT_BUFFER) -> AsyncIterator[Event]:
+class FollowedLog(Protocol):
+    """What `follow` reads of a log (an `EventStore`): its rows after a seq,
+    and the feed of the ones committed from now on. (A protocol, so the feed
+    needs no import of the store, which imports it.)"""
+
+    def events(self, *, after_seq: int = 0) -> Iterable[Event]: ...
+
+    def subscribe(self, max_buffer: int = DEFAULT_BUFFER) -> Subscription: ...
+
+
+async def follow(store: FollowedLog, after_seq: int = 0, max_buffer: int = DEFAULT_BUFFER) -> AsyncIterator[Event]:
     """Every event after `after_seq` in order, then each one as it is
     committed, until the store is closed: the backlog is read from the log
     while the feed already collects, so nothing falls between the two and

@@ -18,10 +18,7 @@ from voice.log.window import (
     assistant_entry,
     derive_window,
     estimate_tokens,
-    tool_result_text,
 )
-
-__all__ = ["tool_result_text"]  # (re-exported: history renders results the window's way)
 
 
 def message_text(payload: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ SCHEMA_VERSION = 4
 
 # Each entry upgrades a database from version N-1 to N. Version 0 is the
 # first layout (events table only); every later step must keep old rows valid.
-_MIGRATIONS: dict[int, str] = {
+MIGRATIONS: dict[int, str] = {
     1: """
     CREATE UNIQUE INDEX IF NOT EXISTS one_turn_end
         ON events(conversation, turn) WHERE type = 'turn/end';
@@ -57,7 +57,7 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
-_BASE_TABLE = """
+BASE_TABLE = """
 CREATE TABLE IF NOT EXISTS events (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     conversation TEXT    NOT NULL,

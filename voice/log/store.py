@@ -48,7 +48,7 @@ from voice.log.events import (
 )
 from voice.log.feed import DEFAULT_BUFFER, EventFeed, Subscription
 from voice.log.queries import EventQueries
-from voice.log.schema import _BASE_TABLE, _MIGRATIONS, SCHEMA_VERSION  # (SCHEMA_VERSION, _MIGRATIONS: read from here too)
+from voice.log.schema import BASE_TABLE, MIGRATIONS, SCHEMA_VERSION
 from voice.log.wal import find_damage, in_use
 from voice.settings import PathsSettings
 
@@ -139,9 +139,9 @@ class EventStore(EventQueries):
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        self._db.executescript(_BASE_TABLE)
+        self._db.executescript(BASE_TABLE)
         for target in range(version + 1, SCHEMA_VERSION + 1):
-            self._db.executescript("BEGIN;" + _MIGRATIONS[target] + f"PRAGMA user_version={target}; COMMIT;")
+            self._db.executescript("BEGIN;" + MIGRATIONS[target] + f"PRAGMA user_version={target}; COMMIT;")
 
     def close(self) -> None:
         self.feed.close()
@@ -222,10 +222,9 @@ class EventStore(EventQueries):
             self._db.execute("ROLLBACK")
             raise
 
-    def start_turn(self, conversation: str, start: TurnStart | dict[str, Any]) -> int:
-        """Allocate a new turn id (global, increasing) and log `turn/start`
-        (a dict is the untyped path's payload)."""
-        payload = start.payload() if isinstance(start, TurnStart) else start
+    def start_turn(self, conversation: str, start: TurnStart) -> int:
+        """Allocate a new turn id (global, increasing) and log `turn/start`."""
+        payload = start.payload()
         at_mono, at_wall = time.monotonic(), time.time()
         with self._transaction():
             (last,) = self._db.execute("SELECT COALESCE(MAX(turn), 0) FROM events").fetchone()

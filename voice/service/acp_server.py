@@ -56,7 +56,7 @@ import anyio.abc
 
 from voice.agent.loop import AgentLoop
 from voice.agent.mcp.servers import McpServers
-from voice.agent.tools import ToolRegistry
+from voice.agent.tools.base import ToolRegistry
 from voice.app import App, mcp_servers
 from voice.errors import UsageError
 from voice.log import events as ev
@@ -225,7 +225,7 @@ class VoiceAcpAgent:
         return session
 
     async def _build(self, conversation: str) -> _Session:
-        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.config.chat.show_reasoning)
+        surface = AcpSurface(self.conn, conversation, show_reasoning=self.app.settings.chat.show_reasoning)
         specs, refused = editor_servers(self.servers_given.get(conversation, []), taken={s.spec.name for s in
                                                                                   self.app.mcp.servers})
         servers = mcp_servers(specs, self.app.store, self.app.tool_env.command_env)
@@ -285,7 +285,7 @@ class VoiceAcpAgent:
         if finish in _FINISH_REASONS:
             return _FINISH_REASONS[finish]
         steps = [e.body.outcome for e in events if e.type == ev.STEP_END]
-        if len(steps) >= self.app.settings.max_steps and steps[-1] == "tool_calls":
+        if len(steps) >= self.app.loop_settings.max_steps and steps[-1] == "tool_calls":
             return "max_turn_requests"
         return "end_turn"
 
@@ -293,7 +293,7 @@ class VoiceAcpAgent:
         """The words the model sees: text; embedded text resources with their
         URI; linked files read through the client (within FILE_SHARE of the
         budget); other links by their URI."""
-        budget = int((self.app.settings.context_tokens - self.app.settings.reply_tokens) * FILE_SHARE
+        budget = int((self.app.loop_settings.context_tokens - self.app.loop_settings.reply_tokens) * FILE_SHARE
                      * CHARS_PER_TOKEN)
         parts = []
         for b in blocks:

@@ -23,7 +23,7 @@ from voice.agent.approvals import unanswered
 from voice.agent.loop import AgentLoop
 from voice.service.signals import cancel_on_signal
 from voice.speech.conversation_policy import ConversationPolicy
-from voice.speech.settings import ConversationRules
+from voice.settings import ConversationSettings
 
 
 def _read_line(stdin: TextIO) -> str:
@@ -64,7 +64,7 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
     a line made only of a new-conversation phrase ends it (it is not sent to
     the model), and a line after the idle gap opens a new one."""
     interactive = stdin.isatty()
-    conversations = ConversationPolicy(agent, agent.store, ConversationRules(idle_gap_s, new_phrases, new_reply))
+    conversations = ConversationPolicy(agent, agent.store, ConversationSettings(idle_gap_s, new_phrases, new_reply))
     lines = _start_reader(stdin)
     ended = False  # the input ended while a question was asked
 

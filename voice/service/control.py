@@ -40,7 +40,7 @@ import anyio
 from anyio.abc import ByteStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from voice.agent.loop import TurnResult
+from voice.agent.turn_state import TurnResult
 from voice.errors import Failed, UsageError
 from voice.log.feed import follow as follow_log
 from voice.log.projections import turn_reply

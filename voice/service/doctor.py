@@ -186,7 +186,7 @@ from voice.log.window import MIN_HISTORY_TOKENS  # noqa: E402
 
 def check_context(config: Settings) -> Check:
     """How much of llm.context_tokens is left for the conversation."""
-    from voice.agent.loop import history_budget
+    from voice.agent.loop_settings import history_budget
     from voice.app import loop_settings
 
     llm = config.llm
@@ -285,7 +285,7 @@ def check_mcp(config: Settings) -> list[Check]:
 def _schema_budget(config: Settings, tools: list) -> Check:
     """Every request carries the tool schemas: what the MCP servers' take of
     the context, and what is left for the conversation."""
-    from voice.agent.loop import history_budget
+    from voice.agent.loop_settings import history_budget
     from voice.app import loop_settings
 
     settings = loop_settings(config.llm)

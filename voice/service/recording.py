@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ REPLAYED_SETTINGS = ("vad", "turn_end", "stt", "tts", "barge_in", "listen", "con
 TAIL_S = 3.0  # silence kept after the recording, for the last reply to settle
 
 
-def save_session(directory: Path, recorder: Recorder, store: EventStore, config: Settings | Mapping[str, Any],
+def save_session(directory: Path, recorder: Recorder, store: EventStore, settings: Settings,
                  *, since_seq: int) -> dict[str, Any]:
     """Write the recording, the session's events (those after `since_seq`,
     of every conversation it held: `voice ctl new`, "start over" and the
@@ -77,11 +76,11 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, config:
     replies, tools = _replies(events, ordinal, mic_start / MIC_RATE), _tools(events, kept)
     plays = _plays(events, ordinal, mic_start / MIC_RATE)
     controls = _controls(events, mic_start)
-    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, config,
+    _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, settings,
                                                        [(text, at_s) for _, text, at_s in typed], controls,
                                                        blocks=(directory / BLOCKS).is_file(),
-                                                       gate=_gate_at_start(events, mic_start, Settings.of(config))))
-    _write(directory / "config.toml", config_toml(config))
+                                                       gate=_gate_at_start(events, mic_start, settings)))
+    _write(directory / "config.toml", config_toml(settings))
     return {"directory": str(directory), "seconds": round(duration_s, 2), "turns": turns,
             "before_start": [t for t, start in spoken if start < mic_start] + [t for t, _, at_s in all_typed if at_s < 0],
             "mic_start": mic_start}
@@ -320,10 +319,9 @@ def _value(v: Any) -> str:
 
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
-                   plays: list[tuple[str, int, float]], config: Settings | Mapping[str, Any],
+                   plays: list[tuple[str, int, float]], settings: Settings,
                    says: list[tuple[str, float]], controls: list[tuple[str, float]], *, blocks: bool,
                    gate: dict[str, float]) -> str:
-    settings = Settings.of(config)  # (a test may save with a checked config dict)
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
         "#   voice replay scenario.toml --out OUT      (it reads config.toml beside it)",
@@ -373,10 +371,8 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
     return "\n".join(lines) + "\n"
 
 
-def config_toml(config: Settings | Mapping[str, Any]) -> str:
-    """The settings of REPLAYED_SETTINGS as a config file (`config`: the
-    typed settings, or a checked config dict)."""
-    settings = Settings.of(config)
+def config_toml(settings: Settings) -> str:
+    """The settings of REPLAYED_SETTINGS as a config file."""
     tables: dict[str, dict[str, Any]] = {}
     for name in REPLAYED_SETTINGS:
         section, _, key = name.partition(".")

@@ -213,7 +213,7 @@ def _scenario_tool(specs):
     gets the next one's answer (the last one repeats)."""
     import anyio
 
-    from voice.agent.tools import Receipt, Tool, ToolOutcome
+    from voice.agent.tools.base import Receipt, Tool, ToolOutcome
 
     calls = []
 

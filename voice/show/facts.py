@@ -12,7 +12,7 @@ from voice.show.style import MARK_STYLE
 from voice.show.timeline import TurnTimeline
 
 
-def _inline_svg(svg: str, titles: dict[str, str]) -> str:
+def inline_svg(svg: str, titles: dict[str, str]) -> str:
     """matplotlib's SVG made fit for inlining: no XML prolog, a width that
     follows the page, and a <title> (a tooltip) in each drawn part."""
     svg = svg[svg.index("<svg"):]
@@ -22,21 +22,21 @@ def _inline_svg(svg: str, titles: dict[str, str]) -> str:
     return svg
 
 
-def _title(t: TurnTimeline, with_utterance: bool = True) -> str:
+def turn_title(t: TurnTimeline, with_utterance: bool = True) -> str:
     outcome = "stopped by the person" if t.aborted else (t.outcome or "open")
-    said = f" · “{_short(t.utterance.text, 60)}”" if with_utterance and t.utterance and t.utterance.text else ""
+    said = f" · “{shortened(t.utterance.text, 60)}”" if with_utterance and t.utterance and t.utterance.text else ""
     return f"Turn {t.turn} · {outcome}{said}"
 
 
-def _short(text: str, n: int) -> str:
+def shortened(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _at(seconds: float | None) -> str:
+def seconds_text(seconds: float | None) -> str:
     return f"{seconds:.2f} s" if seconds is not None else "—"
 
 
-def _facts(t: TurnTimeline) -> str:
+def facts_html(t: TurnTimeline) -> str:
     e = html.escape
     out = ['<section id="reply"><h2>The reply</h2>']
     if t.words:
@@ -55,11 +55,11 @@ def _facts(t: TurnTimeline) -> str:
                f'{" <b>(stopped)</b>" if t.aborted else ""}</p></section>')
     if t.marks:
         out.append(_table("barge-in", "Barge-in", ("mark", "at", "speech onset", "after the onset", "why"), [
-            (MARK_STYLE[m.kind][2], f"{m.at_s:.3f} s", _at(m.onset_s),
+            (MARK_STYLE[m.kind][2], f"{m.at_s:.3f} s", seconds_text(m.onset_s),
              "" if m.ack_ms is None else f"{m.ack_ms:.0f} ms", m.reason or "") for m in t.marks]))
     if t.tools:
         out.append(_table("tools", "Tool calls", ("tool", "arguments", "dispatched", "result", "status", "receipt"), [
-            (c.name, c.arguments, _at(c.dispatch_s), _at(c.result_s), c.status or "", c.receipt or "")
+            (c.name, c.arguments, seconds_text(c.dispatch_s), seconds_text(c.result_s), c.status or "", c.receipt or "")
             for c in t.tools]))
     parts = t.latency.parts()
     if parts:
@@ -77,7 +77,7 @@ def _table(section: str, heading: str, columns: tuple[str, ...], rows: list[tupl
     return f'<section id="{section}"><h2>{heading}</h2><table><tr>{head}</tr>{body}</table></section>'
 
 
-_PAGE = """<!doctype html>
+PAGE_HTML = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">

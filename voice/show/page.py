@@ -38,8 +38,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from voice.show.facts import _PAGE, _at, _facts, _inline_svg, _short, _title
-from voice.show.style import CUT, HEARD, LATENCY_COLOURS, MARK_STYLE, UNHEARD  # (HEARD: read from here too)
+from voice.show.facts import PAGE_HTML, facts_html, inline_svg, seconds_text, shortened, turn_title
+from voice.show.style import CUT, HEARD, LATENCY_COLOURS, MARK_STYLE, UNHEARD
 from voice.show.timeline import BargeInMark, Latency, TurnTimeline, Waveform
 
 WIDTH_IN = 14.0
@@ -65,8 +65,8 @@ def page_html(timeline: TurnTimeline) -> str:
         drawing = draw(timeline)
         out = StringIO()
         drawing.figure.savefig(out, format="svg", metadata={"Date": None, "Creator": None}, **_TIGHT)
-    svg = _inline_svg(out.getvalue(), drawing.titles)
-    return _PAGE.format(title=html.escape(_title(timeline)), svg=svg, facts=_facts(timeline))
+    svg = inline_svg(out.getvalue(), drawing.titles)
+    return PAGE_HTML.format(title=html.escape(turn_title(timeline)), svg=svg, facts=facts_html(timeline))
 
 
 def png_bytes(timeline: TurnTimeline) -> bytes:
@@ -123,7 +123,7 @@ def draw(timeline: TurnTimeline) -> Drawing:
     for ax in axes[:-1]:
         ax.tick_params(labelbottom=False)
     latency_ax.set_xlabel("seconds on the device clock")
-    fig.suptitle(_title(timeline, with_utterance=False), x=0.01, ha="left", fontsize=12, fontweight="bold")
+    fig.suptitle(turn_title(timeline, with_utterance=False), x=0.01, ha="left", fontsize=12, fontweight="bold")
     fig.legend(handles=_legend(), loc="outside upper right", ncols=8, fontsize=8, frameon=False)
     # Lay the axes out once and keep them there, so that what is measured
     # below (label widths, the strike-through lines) stays where it was put.
@@ -336,7 +336,7 @@ def _tools(d: Drawing, ax, timeline: TurnTimeline) -> None:
     for n, tool in enumerate(timeline.tools):
         gid = f"tool-{n}"
         outcome = ", ".join(p for p in (tool.status, f"receipt {tool.receipt}" if tool.receipt else None) if p)
-        label = f"{tool.name}({_short(tool.arguments, 50)}) → {outcome or 'no result'}"
+        label = f"{tool.name}({shortened(tool.arguments, 50)}) → {outcome or 'no result'}"
         colour = {"confirmed": "#2e8b57", "failed": "#c0392b", "unknown": "#e67e00"}.get(tool.receipt or "", "#555")
         start = tool.dispatch_s if tool.dispatch_s is not None else tool.result_s
         if start is None:
@@ -346,8 +346,8 @@ def _tools(d: Drawing, ax, timeline: TurnTimeline) -> None:
             end = tool.result_s if tool.result_s is not None else start
             ax.barh(n + 0.5, max(end - start, 0.02), left=start, height=0.6, color=colour, alpha=0.35, gid=gid)
             ax.text(end, n + 0.5, " " + label, va="center", fontsize=8.5, color=colour)
-        d.note(gid, f"{tool.name} {tool.arguments}: dispatched {_at(tool.dispatch_s)}, "
-                        f"result {_at(tool.result_s)}, {outcome or 'no result'}")
+        d.note(gid, f"{tool.name} {tool.arguments}: dispatched {seconds_text(tool.dispatch_s)}, "
+                        f"result {seconds_text(tool.result_s)}, {outcome or 'no result'}")
 
 
 def _latency(d: Drawing, ax, timeline: TurnTimeline) -> None:

@@ -8,7 +8,7 @@ here starts a task or opens a device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,8 @@ from voice.speech.pipeline import (
     TranscribeProcessor,
 )
 from voice.speech.session import SessionParts, VoiceSession, interruption
-from voice.speech.settings import VadSettings, VoiceSettings
+from voice.settings import VadSettings
+from voice.speech.settings import VoiceSettings
 from voice.speech.speech_log import SpeechLog
 from voice.speech.stt import SttEngine
 from voice.speech.tts import TtsEngine
@@ -117,7 +118,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     return session
 
 
-def load_models(config: Settings | Mapping[str, Any], out_rate: int, *, stt_model: str | None = None,
+def load_models(settings: Settings, out_rate: int, *, stt_model: str | None = None,
                 echo_cancellation: bool, echo_required: bool) -> SpeechModels:
     """Load the speech models of the settings' [stt] and [tts] (blocking,
     seconds, so an entry point runs it in a thread; progress on stderr). A
@@ -131,7 +132,6 @@ def load_models(config: Settings | Mapping[str, Any], out_rate: int, *, stt_mode
     from voice.speech.stt import RemoteSttEngine, WhisperEngine
     from voice.speech.tts import PiperEngine
 
-    settings = Settings.of(config)
     model = stt_model or settings.stt.model
     remote = settings.stt.base_url
     try:

@@ -25,15 +25,15 @@ from voice.agent.loop import AgentLoop
 from voice.log.conversations import NewConversation, end_and_open, last_activity
 from voice.log.store import EventStore
 from voice.speech.judge import stop_intent
-from voice.speech.settings import ConversationRules
+from voice.settings import ConversationSettings
 
 
 class ConversationPolicy:
-    def __init__(self, agent: AgentLoop, store: EventStore, rules: ConversationRules | None = None, *,
+    def __init__(self, agent: AgentLoop, store: EventStore, rules: ConversationSettings | None = None, *,
                  aside: Callable[[str], None] | None = None):
         self.agent = agent
         self.store = store
-        self.rules = rules or ConversationRules()
+        self.rules = rules or ConversationSettings()
         self.aside = aside  # -v: says when a conversation ended
         self._wake = anyio.Event()  # set when what the idle watcher waits for may have changed
 

@@ -41,7 +41,8 @@ from voice.speech.listener import Addressed, ForAssistant, Ignored, Listener, Wa
 from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
-from voice.speech.turn_end import TurnEndSettings, TurnEndTracker
+from voice.settings import TurnEndSettings
+from voice.speech.turn_end import TurnEndTracker
 from voice.speech.vad_gate import SoundGate, VadGate
 from voice.speech.voice_surface import Sentence, VoiceSurface
 

@@ -39,7 +39,8 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from voice.agent.loop import AgentLoop, TurnResult
+from voice.agent.loop import AgentLoop
+from voice.agent.turn_state import TurnResult
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.audio.recording import Recorder
 from voice.log import events as ev

@@ -5,17 +5,10 @@ whose sections these are."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from voice.settings import BargeInSettings, ConversationSettings, ListenSettings, Settings, TurnEndSettings, VadSettings
 from voice.speech.judge import STOP_PHRASES
-
-ConversationRules = ConversationSettings  # when a spoken conversation ends: the turn runner's name for it
-
-__all__ = ["BargeInSettings", "ConversationRules", "ListenSettings", "TurnEndSettings", "VadSettings",
-           "VoiceSettings"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +18,7 @@ class VoiceSettings:
     listen: ListenSettings | None = None  # None: open, with no gate at all
     turn_end: TurnEndSettings = field(default_factory=TurnEndSettings)
     shutdown_s: float = 5.0
-    conversation: ConversationRules = field(default_factory=ConversationRules)
+    conversation: ConversationSettings = field(default_factory=ConversationSettings)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, listen_mode: str | None = None,
@@ -36,9 +29,3 @@ class VoiceSettings:
                          window_s=window_s or settings.listen.window_s)
         return cls(vad=settings.vad, barge_in=settings.barge_in, listen=listen, shutdown_s=settings.service.shutdown_s,
                    conversation=settings.conversation, turn_end=settings.turn_end)
-
-    @classmethod
-    def from_config(cls, config: Settings | Mapping[str, Any], *, listen_mode: str | None = None,
-                    window_s: float | None = None) -> VoiceSettings:
-        """The same from a checked config (tests, benchmarks)."""
-        return cls.from_settings(Settings.of(config), listen_mode=listen_mode, window_s=window_s)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voice.settings import TurnEndSettings  # the [turn_end] section (re-exported)
+from voice.settings import TurnEndSettings
 from voice.speech.judge import stop_intent
 from voice.speech.stt import Transcript
 

@@ -29,7 +29,8 @@ from typing import Any
 
 import anyio
 
-from voice.agent.loop import AgentLoop, TurnResult
+from voice.agent.loop import AgentLoop
+from voice.agent.turn_state import TurnResult
 from voice.agent.preempt import EarlyStart
 from voice.audio.playback import PlaybackBuffer
 from voice.log import events as ev

@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from voice.settings import Approve, McpServerSettings, McpSettings
-
-__all__ = ["Approve", "ServerSpec", "server_specs"]
+from voice.settings import McpServerSettings, McpSettings
 
 
 @dataclass(frozen=True)

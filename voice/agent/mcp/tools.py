@@ -27,16 +27,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mcp_types
 from mcp.shared.exceptions import MCPError
 
 from voice.agent.approvals import needs_approval
+from voice.agent.mcp.settings import ServerSpec
 from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome
-
-if TYPE_CHECKING:
-    from voice.agent.mcp.servers import McpServer
 
 SEPARATOR = "__"  # the model sees SERVER__TOOL: unique across servers and the built-in tools
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
@@ -60,7 +58,18 @@ def model_name(server: str, tool: str) -> str:
     return (server + SEPARATOR + _NAME_CHARS.sub("_", tool))[:55] + "_" + digest
 
 
-def classify(server: McpServer, tool: mcp_types.Tool) -> tuple[str, bool]:
+class ToolServer(Protocol):
+    """What a tool needs of its server (an `McpServer`, voice.agent.mcp.servers,
+    which makes the tools: a protocol, so this module need not import it)."""
+
+    spec: ServerSpec
+
+    async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> mcp_types.CallToolResult: ...
+
+    def unavailable(self) -> str | None: ...
+
+
+def classify(server: ToolServer, tool: mcp_types.Tool) -> tuple[str, bool]:
     """(read | write, destructive) for one of `server`'s tools."""
     spec = server.spec
     if tool.name in spec.read_tools:
@@ -72,7 +81,7 @@ def classify(server: McpServer, tool: mcp_types.Tool) -> tuple[str, bool]:
     return "write", destructive
 
 
-def title(server: McpServer, tool: mcp_types.Tool) -> str:
+def title(server: ToolServer, tool: mcp_types.Tool) -> str:
     """What the person is shown of the tool: its own name, always (a server
     chooses its titles, and one that is not trusted could call `wipe_disk`
     "Read the weather"); a trusted server's title beside it."""
@@ -110,7 +119,7 @@ def cut(text: str, limit: int) -> str:
     return text[:limit] + f"\n[cut: the result had {len(text)} characters; only the first {limit} are shown]"
 
 
-def mcp_tool(server: McpServer, tool: mcp_types.Tool) -> Tool:
+def mcp_tool(server: ToolServer, tool: mcp_types.Tool) -> Tool:
     effect, destructive = classify(server, tool)
     spec = server.spec
 

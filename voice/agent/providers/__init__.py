@@ -82,5 +82,3 @@ class _Held:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-
-__all__ = ["Provider", "ProviderError", "make_provider", "open_provider"]

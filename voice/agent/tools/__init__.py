@@ -3,11 +3,8 @@ timeout; writes return receipts. `default_tools()` is the built-in set."""
 
 from collections.abc import Mapping
 
-from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolError, ToolOutcome, ToolRegistry
+from voice.agent.tools.base import ToolRegistry
 from voice.agent.tools.clock import get_time_tool
-
-__all__ = ["Receipt", "Tool", "ToolContext", "ToolError", "ToolOutcome", "ToolRegistry", "get_time_tool",
-           "default_tools"]
 
 
 def default_tools(commands: dict[str, list[str]] | None = None, *, approve: str = "writes",
