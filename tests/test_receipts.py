@@ -16,7 +16,7 @@ from voice.agent.effects import effects
 from voice.agent.loop import AgentLoop
 from voice.agent.loop_settings import LoopSettings, ToolEnv
 from voice.agent.recovery import recover
-from voice.agent.tools.base import Receipt, Tool, ToolOutcome, ToolRegistry
+from voice.agent.tools.base import Receipt, Tool, ToolOutcome, ToolRegistry, ToolServices
 from voice.agent.tools.notes import notes_tools
 from voice.agent.tools.timers import TimerService, timer_tools
 from voice.log import events as ev
@@ -31,7 +31,7 @@ DONE = "Done, I saved the note."
 def agent_with(store, provider, tmp_path, *extra: Tool, timers: TimerService | None = None):
     out = io.StringIO()
     tools = ToolRegistry([*notes_tools(), *timer_tools(), *extra])
-    env = ToolEnv(data_dir=tmp_path / "data", services={"timers": timers} if timers else {})
+    env = ToolEnv(data_dir=tmp_path / "data", services=ToolServices(timers=timers))
     agent = AgentLoop(store, provider, TextSurface(out=out), "c-test", tools, LoopSettings(retry_backoff_s=0.01), env)
     return agent, out
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from voice.agent.tools.base import ToolContext
+from voice.agent.tools.base import ToolContext, ToolServices
 from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens
 from voice.paths import data_dir
 
@@ -36,7 +36,7 @@ class ToolEnv:
     data_dir: Path = field(default_factory=data_dir)
     commands: dict[str, list[str]] = field(default_factory=dict)
     kill_after_s: float = 2.0
-    services: dict[str, Any] = field(default_factory=dict)
+    services: ToolServices = field(default_factory=ToolServices)
     command_env: dict[str, str] = field(default_factory=dict)  # see voice.runtime.command_environment
 
     def context(self, conversation: str, turn: int, tool_call_id: str) -> ToolContext:

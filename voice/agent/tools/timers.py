@@ -142,7 +142,7 @@ class TimerService:
 
 
 def _service(ctx: ToolContext) -> TimerService:
-    service = ctx.services.get("timers")
+    service = ctx.services.timers
     if service is None:
         raise ToolError("timers are not available here")
     return service
