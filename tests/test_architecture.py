@@ -315,8 +315,8 @@ def test_the_agent_loop_composes_parts_each_with_its_own_state():
             assert missing == {}, f"{module}: {cls.name} uses self.{sorted(missing or {})}, which it does not define"
 
 
-# The things a capability was probed on: a surface, a provider, an audio device.
-_PROBED = {"surface", "provider", "device", "inner"}
+# The things a capability was probed on: a surface, a provider, an audio device, an announcer.
+_PROBED = {"surface", "provider", "device", "inner", "announce"}
 
 
 def _probes(path: Path) -> list[str]:

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 from num2words import num2words
@@ -58,6 +58,14 @@ def spoken_duration(seconds: int | float, attributive: bool = False) -> str:
 def join_words(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
 
+
+
+@runtime_checkable
+class RoutesByConversation(Protocol):
+    """An announcer that routes by conversation (ACP: a session per
+    conversation): a timer is announced in the conversation that set it."""
+
+    async def to(self, conversation: str, text: str) -> None: ...
 
 
 class TimerService:
@@ -137,8 +145,10 @@ class TimerService:
         self.store.record(timer.conversation, ev.TimerFired(timer_id=timer.timer_id, late=late, at_wall=self.clock(),
                                                             text=text))
         self._timers().pop(timer.timer_id, None)
-        to = getattr(self.announce, "to", None)  # an announcer that routes by conversation (ACP sessions)
-        await (to(timer.conversation, text) if to is not None else self.announce(text))
+        if isinstance(self.announce, RoutesByConversation):
+            await self.announce.to(timer.conversation, text)
+        else:
+            await self.announce(text)
 
 
 def _service(ctx: ToolContext) -> TimerService:
