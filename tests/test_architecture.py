@@ -349,18 +349,23 @@ def test_the_probe_check_sees_a_probe(tmp_path):
 
 
 def test_tool_services_are_named_and_typed():
-    """#39: tools and the loop reach the timers, the approvals and the MCP
-    servers as named fields of ToolServices, not through a string-keyed dict
-    (a misspelt key was a feature silently off)."""
+    """#39: the loop and the session reach the timers, the approvals and the
+    MCP servers as named fields of ToolServices, and a tool its timers as a
+    field of its ToolContext, not through a string-keyed dict (a misspelt
+    key was a feature silently off)."""
     from dataclasses import fields
 
-    from voice.agent.loop_settings import ToolEnv
-    from voice.agent.tools.base import ToolContext, ToolServices
+    from voice.agent.loop_settings import ToolEnv, ToolServices
+    from voice.agent.timer_service import TimerService
+    from voice.agent.tools.base import ToolContext
 
     assert isinstance(ToolEnv().services, ToolServices) and not isinstance(ToolEnv().services, dict)
-    assert isinstance(ToolEnv().context("c", 1, "call_1_0_0_0").services, ToolServices)
     assert {f.name for f in fields(ToolServices)} == {"timers", "approvals", "mcp"}
-    assert "services" in {f.name for f in fields(ToolContext)}
+    # a tool is given the one service tools use, by name
+    assert {f.name: f.type for f in fields(ToolContext)}["timers"] == "TimerService | None"
+    assert "services" not in {f.name for f in fields(ToolContext)}
+    timers = TimerService.__new__(TimerService)
+    assert ToolEnv(services=ToolServices(timers=timers)).context("c", 1, "call_1_0_0_0").timers is timers
     found = [f"{path.relative_to(ROOT).as_posix()}:{n}" for path in sorted((ROOT / "voice").rglob("*.py"))
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if "services.get(" in line or "services[" in line]

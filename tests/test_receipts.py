@@ -14,11 +14,12 @@ from autojump import on_autojump, virtual_wall
 from conftest import printed_reply, run_and_cancel_when, scripted
 from voice.agent.effects import effects
 from voice.agent.loop import AgentLoop
-from voice.agent.loop_settings import LoopSettings, ToolEnv
+from voice.agent.loop_settings import LoopSettings, ToolEnv, ToolServices
 from voice.agent.recovery import recover
-from voice.agent.tools.base import Receipt, Tool, ToolOutcome, ToolRegistry, ToolServices
+from voice.agent.timer_service import TimerService
+from voice.agent.tools.base import Receipt, Tool, ToolOutcome, ToolRegistry
 from voice.agent.tools.notes import notes_tools
-from voice.agent.tools.timers import TimerService, timer_tools
+from voice.agent.tools.timers import timer_tools
 from voice.log import events as ev
 from voice.log.projections import derive_messages, message_text
 from voice.surfaces.text import TextSurface

@@ -40,16 +40,16 @@ import anyio
 
 from voice.agent.approvals import Approvals, Grants
 from voice.agent.loop import AgentLoop
-from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
+from voice.agent.loop_settings import LoopSettings, ToolEnv, ToolServices, history_budget
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
 from voice.agent.providers import Hold, open_provider
 from voice.agent.providers.base import CountsTokens, Provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
-from voice.agent.tools.base import ToolRegistry, ToolServices
+from voice.agent.timer_service import TimerService
+from voice.agent.tools.base import ToolRegistry
 from voice.agent.tools import default_tools
-from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
 from voice.log.late import record_late
 from voice.log.store import EventStore, open_store

@@ -20,7 +20,8 @@ from voice.agent.approvals import (DENIED, GRANTED, WITHDRAWN, Answer, Approvals
                                    answer_notice, approval_question, record_answer)
 from voice.agent.blocks import ToolCall
 from voice.agent.surface import AnswersQuestions, AsksClient, ReadsAnswers, Surface
-from voice.agent.tools.base import Tool, ToolServices
+from voice.agent.loop_settings import ToolServices
+from voice.agent.tools.base import Tool
 from voice.agent.turn_rows import Place
 from voice.agent.turn_state import TurnState
 from voice.log import events as ev

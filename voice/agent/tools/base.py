@@ -15,12 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:  # (the services are built on the tools, not the other way round)
-    from voice.agent.approvals import Approvals
-    from voice.agent.mcp.servers import McpServers
-    from voice.agent.tools.timers import TimerService
+from voice.agent.timer_service import TimerService
 
 Effect = Literal["read", "write"]
 ReceiptState = Literal["confirmed", "failed", "unknown"]
@@ -43,17 +40,6 @@ class ToolOutcome:
     phrase: str | None = None  # the tool's own confirmation, spoken only once confirmed
 
 
-@dataclass
-class ToolServices:
-    """The long-lived services tools and the loop use, each by name: a
-    missing one is None (a test's app without timers), a misspelt one an
-    AttributeError, never a feature silently off."""
-
-    timers: TimerService | None = None
-    approvals: Approvals | None = None  # the grants, and where a spoken answer goes (voice.agent.approvals)
-    mcp: McpServers | None = None  # the MCP servers, for status: each one's state
-
-
 @dataclass(frozen=True)
 class ToolContext:
     """What a running tool may know about its call."""
@@ -64,7 +50,7 @@ class ToolContext:
     data_dir: Path
     commands: dict[str, list[str]] = field(default_factory=dict)
     kill_after_s: float = 2.0  # SIGTERM -> SIGKILL bound for external processes
-    services: ToolServices = field(default_factory=ToolServices)
+    timers: TimerService | None = None  # the timer tools' service (None: timers are not available here)
     command_env: dict[str, str] = field(default_factory=dict)  # the whole environment of commands it runs
 
 
