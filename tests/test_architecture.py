@@ -238,7 +238,7 @@ def _base_names(cls: ast.ClassDef) -> list[str]:
     return names
 
 
-def _defined(cls: ast.ClassDef) -> set[str]:
+def _class_defines(cls: ast.ClassDef) -> set[str]:
     """What a class defines itself: methods, class attributes and
     annotations, and what its methods assign to `self.X`."""
     names = set()
@@ -256,7 +256,7 @@ def _defined(cls: ast.ClassDef) -> set[str]:
     return names
 
 
-def _used(cls: ast.ClassDef) -> dict[str, int]:
+def _class_uses(cls: ast.ClassDef) -> dict[str, int]:
     """The `self.X` names a class's methods read or call, with a line each."""
     return {node.attr: node.lineno for node in ast.walk(cls)
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
@@ -266,7 +266,7 @@ def _used(cls: ast.ClassDef) -> dict[str, int]:
 def _undefined(cls: ast.ClassDef, classes: dict[str, list[tuple[str, ast.ClassDef]]]) -> dict[str, int] | None:
     """The `self.X` names `cls` uses that neither it nor its bases define;
     None when a base is not ours (it may define anything)."""
-    defined = set(_defined(cls))
+    defined = set(_class_defines(cls))
     for base in _base_names(cls):
         if base in _OPEN_BASES:
             continue
@@ -275,8 +275,8 @@ def _undefined(cls: ast.ClassDef, classes: dict[str, list[tuple[str, ast.ClassDe
         inherited = _undefined(classes[base][0][1], classes)
         if inherited is None:
             return None
-        defined |= _defined(classes[base][0][1]) | set(_used(classes[base][0][1]))
-    return {n: line for n, line in _used(cls).items()
+        defined |= _class_defines(classes[base][0][1]) | set(_class_uses(classes[base][0][1]))
+    return {n: line for n, line in _class_uses(cls).items()
             if n not in defined and n not in _OBJECT_NAMES and not (n.startswith("__") and n.endswith("__"))}
 
 

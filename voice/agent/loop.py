@@ -43,7 +43,7 @@ from voice.agent.moving_window import MovingWindow
 from voice.agent.surface import Delivered, Surface, UnitRef
 from voice.agent.tools.base import ToolRegistry
 from voice.agent.turn_rows import Place
-from voice.agent.turn_state import TurnResult, own_ids, Streaming, delivered_prefix, TurnState, call_id
+from voice.agent.turn_state import Streaming, TurnResult, TurnState, call_id, delivered_prefix, own_ids
 from voice.log import events as ev
 from voice.log.projections import provider_messages
 from voice.log.window import Window
