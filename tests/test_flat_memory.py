@@ -15,7 +15,7 @@ from acp import text_block
 from conftest import scripted
 from voice.settings import Settings
 from voice.agent.surface import UnitRef
-from voice.agent.tools.timers import TimerService
+from voice.agent.timer_service import TimerService
 from voice.app import open_app
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
 from voice.audio.playback import KEEP_MARKS, PlaybackBuffer

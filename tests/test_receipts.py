@@ -14,11 +14,12 @@ from autojump import on_autojump, virtual_wall
 from conftest import printed_reply, run_and_cancel_when, scripted
 from voice.agent.effects import effects
 from voice.agent.loop import AgentLoop
-from voice.agent.loop_settings import LoopSettings, ToolEnv
+from voice.agent.loop_settings import LoopSettings, ToolEnv, ToolServices
 from voice.agent.recovery import recover
+from voice.agent.timer_service import TimerService
 from voice.agent.tools.base import Receipt, Tool, ToolOutcome, ToolRegistry
 from voice.agent.tools.notes import notes_tools
-from voice.agent.tools.timers import TimerService, timer_tools
+from voice.agent.tools.timers import timer_tools
 from voice.log import events as ev
 from voice.log.projections import derive_messages, message_text
 from voice.surfaces.text import TextSurface
@@ -31,7 +32,7 @@ DONE = "Done, I saved the note."
 def agent_with(store, provider, tmp_path, *extra: Tool, timers: TimerService | None = None):
     out = io.StringIO()
     tools = ToolRegistry([*notes_tools(), *timer_tools(), *extra])
-    env = ToolEnv(data_dir=tmp_path / "data", services={"timers": timers} if timers else {})
+    env = ToolEnv(data_dir=tmp_path / "data", services=ToolServices(timers=timers))
     agent = AgentLoop(store, provider, TextSurface(out=out), "c-test", tools, LoopSettings(retry_backoff_s=0.01), env)
     return agent, out
 

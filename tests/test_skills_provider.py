@@ -16,7 +16,7 @@ import pytest
 from voice.agent.providers.base import Finish, ModelRequest, ProviderRoute, TextDelta, ToolCallDelta
 from voice.agent.providers.scripted import split_words
 from voice.agent.providers.skills import HINT, SkillsProvider
-from voice.agent.tools.timers import spoken_duration
+from voice.agent.timer_service import spoken_duration
 from voice.log import events as ev
 from voice.log.events import ToolResult
 from voice.log.projections import chat_view

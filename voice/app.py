@@ -40,16 +40,16 @@ import anyio
 
 from voice.agent.approvals import Approvals, Grants
 from voice.agent.loop import AgentLoop
-from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
+from voice.agent.loop_settings import LoopSettings, ToolEnv, ToolServices, history_budget
 from voice.agent.mcp.servers import LateResult, McpServer, McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
 from voice.agent.providers import Hold, open_provider
-from voice.agent.providers.base import Provider
+from voice.agent.providers.base import CountsTokens, Provider
 from voice.agent.recovery import recover
 from voice.agent.surface import Surface
+from voice.agent.timer_service import TimerService
 from voice.agent.tools.base import ToolRegistry
 from voice.agent.tools import default_tools
-from voice.agent.tools.timers import TimerService
 from voice.errors import UsageError
 from voice.log.late import record_late
 from voice.log.store import EventStore, open_store
@@ -90,13 +90,12 @@ async def token_counter(provider: Provider, settings: LoopSettings, schemas: lis
     """Count with the model's own tokenizer where the server offers one:
     the rate it measures on a sample of the system prompt, the tool schemas
     and everyday speech replaces the built-in estimate (voice.log.window)."""
-    count = getattr(provider, "count_tokens", None)
-    if count is None:
+    if not isinstance(provider, CountsTokens):
         return
     import json
 
     sample = "\n".join([settings.system_prompt, json.dumps(schemas, separators=(",", ":")), _TOKEN_SAMPLE])
-    real = await count(sample)
+    real = await provider.count_tokens(sample)
     if real:
         settings.count_tokens = scaled_estimate(len(sample) / real)
 
@@ -161,7 +160,9 @@ class App:
 
     @property
     def approvals(self) -> Approvals:
-        return self.tool_env.services["approvals"]
+        approvals = self.tool_env.services.approvals
+        assert approvals is not None  # open_app always makes them
+        return approvals
 
     def agent(self, surface: Surface, conversation: str, tools: ToolRegistry | None = None) -> AgentLoop:
         """An agent loop on this app's log, provider and tools, answering
@@ -216,14 +217,14 @@ async def open_app(settings: Settings, *, db: str | Path | None = None,
                                   timeout_s=settings.tools.approval_timeout_s)
             env = ToolEnv(data_dir=data_dir or settings.data_dir, commands=commands,
                           kill_after_s=settings.tools.kill_after_s,
-                          services={"timers": timers, "approvals": approvals},
+                          services=ToolServices(timers=timers, approvals=approvals),
                           command_env=command_environment(settings.tools))
             tools = default_tools(commands, approve=settings.tools.approve,
                                   approve_commands=settings.tools.approve_commands)
             app = App(settings, store, provider, tools, env, timers, announcer, loop_settings(settings.llm),
                       mcp_servers(server_specs(settings.mcp), store, env.command_env) if mcp else McpServers([]),
                       prepared)
-            env.services["mcp"] = app.mcp  # (status: each server's state)
+            env.services.mcp = app.mcp  # (status: each server's state)
             async with anyio.create_task_group() as tg:
                 await tg.start(app.mcp.run)
                 for tool in app.mcp.tools():  # in a fixed order: the request's prefix stays the same

@@ -26,9 +26,9 @@ from typing import Any
 import anyio
 
 from voice.agent import turn_rows as rows
-from voice.agent.asking import AskingFirst
+from voice.agent.asking import Questions
 from voice.agent.blocks import REASONING, TEXT, BlockAssembler, ToolCall
-from voice.agent.calls import RunningCalls, record_unfinished_call
+from voice.agent.calls import ToolCalls
 from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
 from voice.agent.preempt import EarlyStart
 from voice.agent.providers.base import (
@@ -49,8 +49,12 @@ from voice.log.projections import provider_messages
 from voice.log.window import Window
 from voice.log.store import EventStore
 
+class AgentLoop:
+    """A conversation's turns. It runs the steps and streams; it composes
+    the parts with their own state: `questions` (voice.agent.asking), which
+    `calls` (voice.agent.calls) asks before a call that needs a yes, and
+    `window` (voice.agent.moving_window)."""
 
-class AgentLoop(RunningCalls, AskingFirst):
     def __init__(
         self,
         store: EventStore,
@@ -65,9 +69,10 @@ class AgentLoop(RunningCalls, AskingFirst):
         self.provider = provider
         self.surface = surface
         self.conversation = conversation
-        self.tools = tools or ToolRegistry()
         self.settings = settings or LoopSettings()
         self.tool_env = tool_env or ToolEnv()
+        self.questions = Questions(store, surface, self.tool_env.services)
+        self.calls = ToolCalls(store, tools or ToolRegistry(), self.tool_env, surface, self.questions)
         self._scope: anyio.CancelScope | None = None
         self._turn_over: anyio.Event | None = None  # set as the running turn's scope closes
         self._state: TurnState | None = None
@@ -76,14 +81,26 @@ class AgentLoop(RunningCalls, AskingFirst):
         self.current_turn: int | None = None
         self.window = MovingWindow()  # where the context window stands; summaries and warming in idle time
         self._early_count = 0
-        # The turn waits for the person's answer to a question (voice.agent.approvals): their words
-        # are the answer, not a barge-in, once the question has played.
-        self.waiting_for_person = False
         # Called with the turn's number just before its turn/end is written, however it ends: a
         # barge-in pause still deciding over the reply ends first (voice.speech.barge_in).
         self.before_turn_end: Callable[[int], None] = lambda turn: None
 
     # -- public ------------------------------------------------------------
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self.calls.tools
+
+    @tools.setter
+    def tools(self, tools: ToolRegistry) -> None:
+        """(An editor's session replaces its registry; the next call is looked up in it.)"""
+        self.calls.tools = tools
+
+    @property
+    def waiting_for_person(self) -> bool:
+        """The turn waits for the person's answer to a question (voice.agent.approvals): their
+        words are the answer, not a barge-in, once the question has played."""
+        return self.questions.waiting_for_person
 
     def cancel(self, outcome: str = ev.ABORTED, reason: str | None = None) -> bool:
         """Stop the running turn: `aborted` when the person stopped it
@@ -224,7 +241,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             calls = own_ids(UnitRef(self.conversation, state.turn, state.step, state.attempt), assembler.tool_calls())
             # A completion the model streamed after its writes, once confirmed
             # and spoken, ends the turn: asking again would only repeat it.
-            completed = await self._run_tools(state, calls) if calls else False
+            completed = await self._run_calls(state, calls) if calls else False
             rows.step_end(self.store, self._at(state), "tool_calls" if calls else "completed")
             state.step_open = False
             if not calls or completed:
@@ -248,8 +265,8 @@ class AgentLoop(RunningCalls, AskingFirst):
         call = ToolCall(call_id(ref, 0), asked.tool, json.dumps(asked.arguments, ensure_ascii=False))
         self._record(state, ev.AssistantMessage(message_id=ref.message_id, content=[], origin="asked-again",
                                                 tool_calls=[call.to_openai()]))
-        self._withdraw_restarted(state, asked)
-        await self._run_tools(state, [call])
+        self.questions.withdraw_restarted(state, asked)
+        await self._run_calls(state, [call])
         rows.step_end(self.store, self._at(state), "tool_calls")
         state.step_open = False
 
@@ -338,6 +355,13 @@ class AgentLoop(RunningCalls, AskingFirst):
         return {"message_id": ref.message_id, "content": assembler.content_blocks(), "route": self._route(),
                 "finish_reason": assembler.finish_reason, "stream": assembler.timed_stream}
 
+    async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
+        """Run the step's calls, then say what was held after a write. True
+        when the writes were confirmed and said so (the model's held
+        completion, or the tools' phrases)."""
+        outcome = await self.calls.run(self._at(state), state, calls)
+        return await self._release_held(state, outcome.receipts, outcome.phrases)
+
     async def _release_held(self, state: TurnState, receipts: list[str], phrases: list[str]) -> bool:
         """Text the model streamed after a write call plays only once every
         write of the step is confirmed; otherwise an honest phrase replaces
@@ -407,10 +431,7 @@ class AgentLoop(RunningCalls, AskingFirst):
             for ref in state.playing:
                 self._played(state, ref, self.surface.delivered(ref))
         state.playing.clear()
-        for call in state.pending_calls:
-            result = record_unfinished_call(self.store, self._at(state), call.id, call.name, dispatched=False)
-            await self._tool_state(call, "failed", result)
-        state.pending_calls.clear()
+        await self.calls.close_undispatched(self._at(state), state)
         if state.step_open:
             rows.step_end(self.store, self._at(state), outcome)
             state.step_open = False

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voice.agent.approvals import Approvals
+from voice.agent.mcp.servers import McpServers
+from voice.agent.timer_service import TimerService
 from voice.agent.tools.base import ToolContext
 from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens
 from voice.paths import data_dir
@@ -30,18 +33,29 @@ class LoopSettings:
 
 
 @dataclass
+class ToolServices:
+    """The long-lived services the loop and its tools use, each by name: a
+    missing one is None (an app without timers), a misspelt one an
+    AttributeError, never a feature silently off."""
+
+    timers: TimerService | None = None
+    approvals: Approvals | None = None  # the grants, and where a spoken answer goes (voice.agent.approvals)
+    mcp: McpServers | None = None  # the MCP servers, for status: each one's state
+
+
+@dataclass
 class ToolEnv:
     """What tools get to know and use, beyond their arguments."""
 
     data_dir: Path = field(default_factory=data_dir)
     commands: dict[str, list[str]] = field(default_factory=dict)
     kill_after_s: float = 2.0
-    services: dict[str, Any] = field(default_factory=dict)
+    services: ToolServices = field(default_factory=ToolServices)
     command_env: dict[str, str] = field(default_factory=dict)  # see voice.runtime.command_environment
 
     def context(self, conversation: str, turn: int, tool_call_id: str) -> ToolContext:
         return ToolContext(conversation, turn, tool_call_id, self.data_dir, self.commands, max(0.0, self.kill_after_s),
-                           self.services, self.command_env)
+                           self.services.timers, self.command_env)
 
 
 def history_budget(s: LoopSettings, schemas: list[dict[str, Any]]) -> int:

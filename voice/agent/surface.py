@@ -11,8 +11,15 @@ attempt). A surface drops units of attempts that are no longer current.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # (what a capability is handed; none of these imports a surface)
+    from voice.agent.approvals import Answer
+    from voice.agent.blocks import ToolCall
+    from voice.agent.tools.base import Tool
+    from voice.log.events import ToolResult
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,45 @@ class Surface(Protocol):
     async def notice(self, text: str) -> None:
         """A message from the assistant itself, not from the model (errors,
         hints). Not part of model history."""
+
+
+# What a surface may also do. The loop asks `isinstance(surface, <one of these>)`:
+# the capability is declared here, so a misspelt one fails type checks, not silently.
+
+
+@runtime_checkable
+class AnswersQuestions(Protocol):
+    """The person's next words can answer a question the loop asks before a
+    call (voice.agent.approvals): spoken (the voice session routes them) or
+    typed (`ReadsAnswers`). False where no one can answer right now."""
+
+    answers_questions: bool
+
+
+@runtime_checkable
+class ReadsAnswers(Protocol):
+    """A surface that reads the person's typed answer itself (the terminal):
+    the next line, None when the input ended. None: it cannot read now."""
+
+    read_answer: Callable[[], Awaitable[str | None]] | None
+
+
+@runtime_checkable
+class AsksClient(Protocol):
+    """A surface whose client asks the person itself (an editor's permission
+    dialog, ACP session/request_permission)."""
+
+    async def ask_permission(self, call: ToolCall, tool: Tool, args: dict[str, Any], question: str) -> Answer: ...
+
+
+@runtime_checkable
+class ShowsToolStates(Protocol):
+    """A surface that shows tool calls (ACP): pending (the model made it),
+    in_progress (dispatched), completed or failed, with what the model saw
+    of its result."""
+
+    async def tool_state(self, call: ToolCall, tool: Tool | None, status: str,
+                         result: ToolResult | None = None) -> None: ...
 
 
 #: Units (messages) a text or ACP surface keeps what it knows of, the newest:

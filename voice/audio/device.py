@@ -49,6 +49,7 @@ OnAudio = Callable[[AudioLost | AudioBack], None]
 
 class AudioDevice(Protocol):
     buffer: PlaybackBuffer  # at the output rate
+    retries: int  # times it has tried to reopen a lost sound card (the watchdog: still trying is alive)
 
     @property
     def out_rate(self) -> int: ...

@@ -108,6 +108,7 @@ class ReplayDevice:
     record: bool | None = None
     summarize: bool | None = None
     position: int = 0
+    retries: int = 0  # (AudioDevice: a replay's sound card is never lost)
     placed: list[PlacedClip] = field(default_factory=list)  # without `summarize`, from the one still heard on
     clips_placed: int = 0  # of the scenario's users, in order
     mic_blocks: list[np.ndarray] = field(default_factory=list)

@@ -76,7 +76,12 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
     voice_settings = (VoiceSettings.from_settings(settings) if scenario is None else  # "open" unless it says
                       VoiceSettings.from_settings(settings, listen_mode=scenario.listen_mode,
                                                   window_s=scenario.window_s))
-    scripted = scenario.scripted_provider(clock=lambda: device.position / MIC_RATE) if scenario else None
+    scripted = None
+    if scenario is not None:  # a scenario's sound is a replay's: its replies are timed on the replay's mic clock
+        if not isinstance(device, ReplayDevice):
+            raise TypeError(f"a scenario plays on a ReplayDevice, not on {device.describe()}")
+        replay = device
+        scripted = scenario.scripted_provider(clock=lambda: replay.position / MIC_RATE)
     echo = settings.audio.echo_cancellation if echo is None else echo
     held = hold or nullcontext
 

@@ -21,6 +21,7 @@ import anyio.abc
 
 from voice.agent.approvals import unanswered
 from voice.agent.loop import AgentLoop
+from voice.agent.surface import ReadsAnswers
 from voice.service.signals import cancel_on_signal
 from voice.speech.conversation_policy import ConversationPolicy
 from voice.settings import ConversationSettings
@@ -78,7 +79,7 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
             out.write(f"you: {line}\n")
         return line
 
-    if hasattr(agent.surface, "read_answer"):  # a question before a call is answered on the next line
+    if isinstance(agent.surface, ReadsAnswers):  # a question before a call is answered on the next line
         agent.surface.read_answer = read_answer
     async with lines, anyio.create_task_group() as tg:
 

@@ -30,6 +30,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from voice.agent.approvals import unanswered
+from voice.audio.device import AudioDevice
 from voice.errors import Failed, UsageError, as_usage_error
 from voice.service.notify import notify, watchdog, watchdog_interval
 from voice.service.signals import cancel_on_signal
@@ -141,7 +142,7 @@ class _Daemon:
 
     settings: Settings
     socket: Path
-    device: Any
+    device: AudioDevice
     scenario: Any
     recorder: Any
     record: Path | None
@@ -171,7 +172,7 @@ class _Daemon:
                 interval = watchdog_interval()
                 if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD,
                     # or, while the sound card is lost, the device keeps trying to reopen it
-                    tg.start_soon(watchdog, lambda: (session.listen.position, getattr(self.device, "retries", 0)),
+                    tg.start_soon(watchdog, lambda: (session.listen.position, self.device.retries),
                                   interval)
             if self.record is not None:  # the session has ended: its events and scenario join the sound
                 self.save_record(voice, since)

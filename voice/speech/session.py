@@ -216,7 +216,7 @@ class VoiceSession:
         heard = await p.barge_in.heard(frame.text, frame.start, frame.doubtful, p.surface.speaking_text())
         if heard is None:
             return
-        approvals = p.agent.tool_env.services.get("approvals")
+        approvals = p.agent.tool_env.services.approvals
         if p.agent.waiting_for_person and approvals is not None and heard.stopped_turn is None:
             # The answer to the question the turn asked (voice.agent.approvals), not a request.
             if approvals.answer(heard.text, how="voice", conversation=self.conversation) is not None:
@@ -259,9 +259,9 @@ class VoiceSession:
         p = self.parts
         route = p.agent.provider.route
         gate = p.listen.gate
-        approvals = p.agent.tool_env.services.get("approvals")
+        approvals = p.agent.tool_env.services.approvals
         waiting = approvals.waiting(self.conversation) if approvals is not None else []
-        mcp = p.agent.tool_env.services.get("mcp")
+        mcp = p.agent.tool_env.services.mcp
         return {"state": self.state(), "turn": p.agent.current_turn, "conversation": self.conversation,
                 "question": waiting[-1].question if waiting else None,
                 "mcp": {s.spec.name: s.state for s in mcp.servers} if mcp is not None else {},
@@ -316,7 +316,7 @@ class VoiceSession:
 
     def answer_approval(self, granted: bool, always: bool) -> str | None:
         """`voice ctl approve|deny`: answers the question a call waits on."""
-        approvals = self.parts.agent.tool_env.services.get("approvals")
+        approvals = self.parts.agent.tool_env.services.approvals
         pending = None if approvals is None else approvals.answer(
             how="ctl", decision="granted" if granted else "denied", always=always)
         return pending.question if pending is not None else None

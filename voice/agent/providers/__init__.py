@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from voice.agent.providers.base import Provider, ProviderError
+from voice.agent.providers.base import ChecksReachable, Provider, ProviderError
 from voice.agent.providers.scripted import ScriptedProvider
 from voice.errors import UsageError, as_usage_error
 from voice.paths import config_dir
@@ -47,11 +47,10 @@ async def open_provider(spec: str, llm: LlmSettings, notice=lambda text: None, h
         with hold():
             return _Held(await open_provider(spec, llm, notice), hold)
     provider = make_provider(spec, llm)
-    check = getattr(provider, "check_reachable", None)
-    if check is None:
+    if not isinstance(provider, ChecksReachable):
         return provider
     try:
-        await check()
+        await provider.check_reachable()
     except ProviderError as exc:
         await provider.aclose()
         if spec == "auto":

@@ -113,3 +113,25 @@ class Provider(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+# What a provider may also do. Asked with `isinstance(provider, <one of these>)`: declared here,
+# so a misspelt capability fails type checks instead of silently turning a feature off.
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A provider whose server counts tokens with the model's own tokenizer."""
+
+    async def count_tokens(self, text: str) -> int | None:
+        """Tokens in `text`; None when the server could not say."""
+        ...
+
+
+@runtime_checkable
+class ChecksReachable(Protocol):
+    """A provider that can tell, before the first turn, whether its server answers."""
+
+    async def check_reachable(self) -> None:
+        """Raises `ProviderError` (naming the fix) when the server does not answer."""
+        ...

@@ -43,7 +43,7 @@ from num2words import num2words
 
 from voice.agent.providers.base import Delta, Finish, ModelRequest, ProviderRoute, TextDelta, ToolCallDelta
 from voice.agent.providers.scripted import split_words
-from voice.agent.tools.timers import join_words as _join, spoken_duration
+from voice.agent.timer_service import join_words as _join, spoken_duration
 from voice.log import events as ev
 from voice.log.events import ToolResult
 

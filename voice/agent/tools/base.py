@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from voice.agent.timer_service import TimerService
+
 Effect = Literal["read", "write"]
 ReceiptState = Literal["confirmed", "failed", "unknown"]
 
@@ -48,7 +50,7 @@ class ToolContext:
     data_dir: Path
     commands: dict[str, list[str]] = field(default_factory=dict)
     kill_after_s: float = 2.0  # SIGTERM -> SIGKILL bound for external processes
-    services: dict[str, Any] = field(default_factory=dict)  # e.g. "timers": the timer service
+    timers: TimerService | None = None  # the timer tools' service (None: timers are not available here)
     command_env: dict[str, str] = field(default_factory=dict)  # the whole environment of commands it runs
 
 
