@@ -106,10 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true", help='print a list of {"tool", "arguments", "state", "turn"}')
 
-    p = sub.add_parser("grants", help='the "always" answers to approval questions, per MCP server and tool')
+    p = sub.add_parser("grants", help='the "always" answers to approval questions: per MCP server and tool, '
+                                      'and per configured command (tools.commands NAME)')
     p.add_argument("action", nargs="?", choices=("list", "revoke"), default="list")
-    p.add_argument("server", nargs="?", help="for revoke: the server's name ([mcp.servers.NAME])")
-    p.add_argument("tool", nargs="?", help="for revoke: the tool, as voice grants lists it")
+    p.add_argument("server", nargs="?", help="for revoke: the server's name ([mcp.servers.NAME]), "
+                                             "or tools.commands for a configured command")
+    p.add_argument("tool", nargs="?", help="for revoke: the tool, or the command's name, as voice grants lists it")
 
     p = sub.add_parser("history", help="the model history derived from the log")
     _common(p)
