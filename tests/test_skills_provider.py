@@ -310,6 +310,20 @@ async def test_blocked_repeat_is_not_read_as_an_instruction():
 
 
 @pytest.mark.anyio
+async def test_a_declined_call_is_not_read_out_with_its_note_to_the_model():
+    """Found on a fresh clone: "no" to a configured command, then the skills
+    provider read the result's note to the model aloud ("Sorry, running the
+    command did not work: not run: the person declined (they said: 'no'). Do
+    not try it again unless they ask."). The answer was already acknowledged."""
+    result = ToolResult.declined("", "run_command", "declined", "no")
+    deltas = await collect(*after_call("run_command", tool_result_text(result), result))
+    assert deltas == [Finish("stop")]
+    nobody = ToolResult.declined("", "run_command", "unavailable", "")  # no one was asked: say so, plainly
+    text = text_of(await collect(*after_call("run_command", tool_result_text(nobody), nobody)))
+    assert text == "Sorry, I could not ask you about running the command here, so I did not do it."
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("name", ["set_timer", "cancel_timer", "add_note", "run_command"])
 @pytest.mark.parametrize("content,result", [(json.dumps({"ok": True}), ok({"ok": True})),
                                             ('confirmed: {"saved": true}', ok({"saved": True}, ev.CONFIRMED))])

@@ -289,6 +289,9 @@ class SkillsProvider:
                 return f"I did not try {action} again, because an earlier try may or may not have worked."
             if kind == ev.UNKNOWN:
                 return f"Sorry, I could not confirm {action}" + (f": {why}." if why else ".")
+            if kind == ev.DECLINED:  # the answer was acknowledged where it was given ("Okay, I didn't do it.")
+                return (f"Sorry, I could not ask you about {action} here, so I did not do it."
+                        if "no one could be asked" in (result.error or "") else "")
             return f"Sorry, {action} did not work" + (f": {why}." if why else ".")
         if name in CONFIRMED_WRITES:
             return ""  # its confirmation was already spoken after its receipt
