@@ -98,10 +98,7 @@ class LiveDevice:
 
     def output_latency(self) -> int:
         """Samples handed to the device that have not left it yet, now."""
-        if self._last_block is None:  # no callback timing yet (or any more), or the host API gives none
-            return round(self._latency_s * self._out_rate)
-        called, delay, frames = self._last_block
-        return unplayed(frames, delay, time.monotonic() - called, self._out_rate)
+        return self._unplayed_at(time.monotonic())
 
     def describe(self) -> str:
         return f"mic {self._names[0]!r} @ {self._in_rate} Hz, speaker {self._names[1]!r} @ {self._out_rate} Hz"
@@ -179,7 +176,7 @@ class LiveDevice:
 
     def _unplayed_at(self, t: float) -> int:
         """Samples handed to the device and not out of it at time `t`."""
-        if self._last_block is None:
+        if self._last_block is None:  # no callback timing yet (or any more), or the host API gives none
             return round(self._latency_s * self._out_rate)
         called, delay, frames = self._last_block
         return unplayed(frames, delay, max(0.0, t - called), self._out_rate)
