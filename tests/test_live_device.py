@@ -279,6 +279,17 @@ def test_no_sound_card_raises_audio_unavailable_with_the_fix(fake_sd):
     assert info.value.__cause__ is None
 
 
+def test_no_sound_card_at_start_is_waited_for_when_asked(fake_sd):
+    # `voice run` on the default devices before the audio server is up (#36.5)
+    fake_sd(query_error=FakePortAudioError("Error querying device -1"))
+    dev = LiveDevice(wait_for_audio=True)
+    lost = dev.audio_lost()
+    assert lost is not None and lost["at_start"] and lost["attempts"] == 0, lost
+    assert "Error querying device -1" in lost["reason"]
+    assert dev.out_rate == 48000 and dev.buffer.rate == 48000  # the rate it will open a device at
+    assert "none yet" in dev.describe()
+
+
 def test_unknown_device_raises_audio_unavailable(fake_sd):
     fake_sd(query_error=ValueError("No input device matching 'nope'"))
     with pytest.raises(AudioUnavailable, match="voice replay") as info:

@@ -126,8 +126,14 @@ class AudioServer:
 
     def restart_server(self) -> None:
         """The audio server again, on the same runtime directory, with the
-        same virtual devices as the defaults."""
-        self._start_server()
+        same virtual devices as the defaults. A start that fails (seen once:
+        pipewire-pulse exiting with "mkdir() …/pulse failed: File exists" when
+        the restart came right after the kill) is cleaned up and tried once more."""
+        try:
+            self._start_server()
+        except AudioServerError:
+            self.kill_server()
+            self._start_server()
 
     def _start_server(self) -> None:
         self._spawn("pipewire")

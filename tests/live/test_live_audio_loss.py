@@ -162,3 +162,52 @@ def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_
     print(f"live audio loss: known {(lost.at_mono - killed_at) * 1000:.0f} ms after the kill; back "
           f"{back.at_mono - back_at:.2f} s after the server's return ({back.body.attempts} tries); delivered "
           f"{len(delivered)} words, the speaker played {len(heard)}: {' '.join(heard)}")
+
+
+def test_started_before_the_audio_server_it_waits_and_listens_once_the_server_comes(audio: AudioServer, tmp_path):
+    """#36.5: `voice run` started before the audio server (systemd at login,
+    a socket-activated PipeWire) waits for it, says so once, keeps its
+    control socket answering, and listens within 2 s of the server's
+    arrival (5 s later here); the first request is then answered."""
+    audio.kill_server()
+    daemon = None
+    try:
+        daemon = LiveDaemon(tmp_path, audio)
+        daemon.wait(lambda: any(line.startswith("waiting for a sound device") for line in daemon.err), 90,
+                    "the daemon to say that it waits for a sound device")
+        waiting_seen = time.monotonic()
+        status = subprocess.run([sys.executable, "-m", "voice", "ctl", "status"], cwd=ROOT, env=daemon.env,
+                                capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert re.search(r"^audio: waiting for a sound device for \d+ s, retrying \(.+\)$", status.stdout,
+                         re.M), status.stdout
+        assert not any(line.startswith("listening") for line in daemon.err), daemon.log()
+        time.sleep(max(0.0, waiting_seen + 5.0 - time.monotonic()))
+        audio.restart_server()
+        back_at = time.monotonic()
+        daemon.wait(lambda: any(line.startswith("listening") for line in daemon.err), 30,
+                    "the daemon to listen once the audio server is there")
+        listening_after = time.monotonic() - back_at
+        speaker = audio.record("speaker.monitor")
+        time.sleep(0.3)
+        audio.play(AUDIO / "three_points.wav")
+        daemon.wait(lambda: daemon.replies(), 40, "the answer to the first request")
+        daemon.wait(lambda: first_loud(speaker.samples()) is not None, 30, "the answer on the speaker")
+        speaker.stop()
+    finally:
+        rc = daemon.stop() if daemon is not None else None
+        if not (audio.run_dir / "pipewire-0").is_socket():
+            audio.restart_server()  # the module's server, for the tests after this one
+    log = daemon.log()
+    assert rc == 0, log
+    waits = [line for line in daemon.err if line.startswith("waiting for a sound device")]
+    assert len(waits) == 1, log  # said once, not at every try
+    assert listening_after < 2.0, f"listening {listening_after:.2f} s after the audio server was there"
+    notices = [line for line in daemon.out if line.startswith("notice: waiting for a sound device")]
+    assert len(notices) == 1, log
+    events = daemon.events()
+    (lost,) = [e for e in events if e.type == ev.AUDIO_LOST]
+    (back,) = [e for e in events if e.type == ev.AUDIO_BACK]
+    assert "no sound device yet" in lost.body.reason and back.body.after_s > 4.0, (lost, back)
+    print(f"started without audio: listening {listening_after:.2f} s after the server was there "
+          f"({back.body.attempts} tries)")

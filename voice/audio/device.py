@@ -32,6 +32,7 @@ class AudioLost:
 
     reason: str  # the error, or the stall, in words
     heard_to: int  # speaker position: what was handed over before it was heard out of the speaker
+    at_start: bool = False  # there was no sound device to begin with: it is waited for
 
 
 @dataclass(frozen=True)
@@ -68,5 +69,6 @@ class AudioDevice(Protocol):
 
     def audio_lost(self) -> dict | None:
         """While the sound card is lost: {since (monotonic), reason,
-        attempts, error (the last try's)}; None while it streams."""
+        attempts, error (the last try's), at_start (there was none to begin
+        with)}; None while it streams."""
         ...

@@ -29,7 +29,21 @@ import soxr
 from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic
 from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
-from voice.audio.stream_life import CHECK_S, Backoff, StreamWatch, close_streams, forget_wedged, refresh_portaudio
+from voice.audio.stream_life import (
+    CHECK_S,
+    Backoff,
+    StreamWatch,
+    audio_server_sockets,
+    close_streams,
+    forget_wedged,
+    refresh_portaudio,
+    server_changed_within,
+)
+
+
+# The speaker's rate when there is no device to ask at start (PipeWire's own default
+# graph rate); a device that appears later is opened at it (ALSA's default converts).
+WAITING_OUT_RATE = 48000
 
 
 class AudioUnavailable(RuntimeError):
@@ -46,6 +60,9 @@ class LiveDevice:
     hold_silence_s: float = 0.0
     hold_floor_dbfs: float = -66.0  # under the listener's sound floor, with a margin
     hold_after_quiet_s: float = 2.0
+    # No sound device at start (the audio server starts after us: systemd at login, a
+    # socket-activated PipeWire): wait for one, as for a lost one, instead of failing.
+    wait_for_audio: bool = False
     buffer: PlaybackBuffer = field(init=False)
     dropped_blocks: int = 0
     _latency_s: float = 0.0  # the stream's reported output latency: the fallback
@@ -75,11 +92,25 @@ class LiveDevice:
         try:
             self._query(sd)
         except (sd.PortAudioError, ValueError) as exc:  # no sound card, or no such device
+            if self.wait_for_audio:
+                self._wait_from_start(exc)
+                return
             raise AudioUnavailable(
                 f"no usable audio device ({exc}); list devices with `{sys.executable} -m sounddevice`, pick one with "
                 "[audio] input/output in the config, or use `voice replay` on a headless machine"
             ) from None
         self.buffer = PlaybackBuffer(self._out_rate)
+
+    def _wait_from_start(self, exc: Exception) -> None:
+        """No device yet: the speaker will be opened at `WAITING_OUT_RATE`
+        (the pipeline's rate is fixed before it runs), and `run` retries
+        until one is there, with `audio_lost()` saying so meanwhile."""
+        if not hasattr(self, "buffer"):
+            self._out_rate = WAITING_OUT_RATE
+            self._names = ("(none yet)", "(none yet)")
+            self.buffer = PlaybackBuffer(self._out_rate)
+        self._lost = {"since": time.monotonic(), "reason": f"no sound device yet: {exc}", "attempts": 0,
+                      "error": None, "at_start": True}
 
     def _query(self, sd) -> None:
         """The devices' names and rates, from PortAudio's list. Once the
@@ -116,21 +147,30 @@ class LiveDevice:
 
         tell = on_audio or (lambda change: None)
         backoff = Backoff()
+        if self._lost is not None:  # no device at start: told once, then waited for like a lost one
+            tell(AudioLost(self._lost["reason"], 0, at_start=True))
+        server = audio_server_sockets()
         while True:
             streams: list = []  # those opened so far: closed again whatever happens next
             watch = None
             try:
                 try:
-                    if self._ever_opened:  # PortAudio's device list as the system has it now (each try: one
-                        refresh_portaudio(sd, self._wedged)  # made while the server was away is empty)
-                    watch, receive, deliver = self._open(sd, streams, first=not self._ever_opened)
+                    if self._lost is not None:  # PortAudio's device list as the system has it now (each try:
+                        refresh_portaudio(sd, self._wedged)  # one made while the server was away is empty)
+                    watch, receive, deliver = self._open(sd, streams, first=self._lost is None and not self._ever_opened)
                 except (sd.PortAudioError, ValueError, AudioUnavailable) as exc:
-                    if not self._ever_opened:
-                        raise
+                    if self._lost is None:
+                        if not self.wait_for_audio or self._ever_opened:
+                            raise
+                        self._wait_from_start(exc)  # listed at start, but it would not open yet
+                        tell(AudioLost(self._lost["reason"], 0, at_start=True))
                     self.retries += 1
                     self._lost["attempts"] += 1
                     self._lost["error"] = str(exc)
-                    await anyio.sleep(backoff.next())
+                    # the audio server's sockets coming (back) is worth a try at once, and quick ones after it
+                    if await server_changed_within(backoff.next(), server):
+                        backoff = Backoff()
+                    server = audio_server_sockets()
                     continue
                 self._ever_opened = True
                 await self._stream(watch, receive, deliver, on_mic, tell)
@@ -170,7 +210,7 @@ class LiveDevice:
                     reason, stopped = found
                     heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
                     if self._lost is None:  # (lost again before it was back: the same loss)
-                        self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None}
+                        self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None, "at_start": False}
                         tell(AudioLost(reason, heard_to))
                     return
 

@@ -31,6 +31,11 @@ it prints to some 380,000 lines a second, is pointed at /dev/null (file
 descriptor 2 stays as it is: Python's own stderr, and so every line of
 ours, goes on). Only a fixed PortAudio, or streams in a child process that
 can be killed, would end it.
+
+While it waits between tries, the audio server's sockets are watched: a
+server that (re)appears is tried at once and the back-off starts again from
+its first step, so the service listens within a second or two of the
+server's arrival, however long it was away.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ CHECK_S = 0.2  # the loop looks at the watch at least this often: a stall is kno
 CLOSE_BOUND_S = 1.0  # a stream that has not closed by then is wedged (see above)
 BACKOFF_FIRST_S = 0.2  # the first retry after a loss; each failed one doubles it,
 BACKOFF_MAX_S = 5.0  # up to this, for as long as it takes
+SOCKET_CHECK_S = 0.1  # while waiting, the audio server's sockets are looked at this often (a stat each)
 
 
 @dataclass
@@ -205,3 +211,33 @@ def _silence_c_stderr() -> None:
     if null:
         ctypes.c_void_p.in_dll(libc, "stderr").value = null
         _c_stderr_silenced = True
+
+
+def audio_server_sockets() -> tuple:
+    """What the audio server's sockets are now (PipeWire's and PulseAudio's,
+    in XDG_RUNTIME_DIR): one (inode, change time) or None each. A server
+    that starts, or starts again, makes new ones."""
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if not run:
+        return ()
+    found = []
+    for path in (os.path.join(run, "pipewire-0"), os.path.join(run, "pulse", "native")):
+        try:
+            st = os.stat(path)
+        except OSError:
+            found.append(None)
+        else:
+            found.append((st.st_ino, st.st_ctime_ns))
+    return tuple(found)
+
+
+async def server_changed_within(seconds: float, before: tuple) -> bool:
+    """Wait `seconds` (the back-off), ended early when the audio server's
+    sockets change from `before`: True then. A new server is tried at once,
+    not up to `BACKOFF_MAX_S` later."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        await anyio.sleep(min(SOCKET_CHECK_S, left))
+        if audio_server_sockets() != before:
+            return True
+    return False

@@ -64,6 +64,8 @@ def _audio(r: dict[str, Any]) -> str:
     if not lost:
         return f"audio: {r.get('device')}"
     tries = f"{lost['attempts']} tries so far" + (f", the last: {lost['error']}" if lost.get("error") else "")
+    if lost.get("at_start"):
+        return f"audio: waiting for a sound device for {lost['seconds']:.0f} s, retrying ({lost['reason']}; {tries})"
     return f"audio: lost {lost['seconds']:.0f} s ago, retrying ({lost['reason']}; {tries})"
 
 

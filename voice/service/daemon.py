@@ -2,7 +2,9 @@
 `--replay SCENARIO`) on the replay device, paced in real time and kept up
 after the scenario's audio ends until it is stopped.
 
-Lifecycle: READY=1 once the models are loaded and mic audio reaches the VAD;
+Lifecycle: READY=1 once the models are loaded and mic audio reaches the VAD
+(or, with no sound device yet, once the control socket answers: the device is
+waited for, `STATUS=waiting for a sound device`);
 WATCHDOG=1 only while the pipeline's own heartbeat advances (mic blocks
 reach the VAD) or, while the sound card is lost, the live device keeps
 trying to reopen it (voice.audio.stream_life: alive and trying is not
@@ -58,8 +60,12 @@ def _open_device(settings: Settings, replay: Path | None):
     with as_usage_error(AudioUnavailable):
         # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms; silence held
         # back up to HOLD_SILENCE_S while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
+        # With the system's default devices, none at start is waited for (the audio server may start
+        # after us); a pinned one that is not there is a mistake in the config, said at once.
+        pinned = bool(settings.audio.input or settings.audio.output)
         return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=DEVICE_BLOCK_MS,
-                          hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=LEVEL_FLOOR_DBFS - 6), None
+                          hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=LEVEL_FLOOR_DBFS - 6,
+                          wait_for_audio=not pinned), None
 
 
 def _recorder(ring_s: float, record: Path | None):
@@ -162,18 +168,26 @@ class _Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(partial(cancel_on_signal, tg.cancel_scope, on_signal=_stopping))
                 await tg.start(ControlServer(session, self.socket, save=partial(self.save, voice, since)).serve)
+                interval = watchdog_interval()
+                if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD,
+                    # or, while the sound card is lost (or not there yet), the device keeps trying to open it
+                    tg.start_soon(watchdog, lambda: (session.listen.position, self.device.retries),
+                                  interval)
+                waiting = self.device.audio_lost()
+                if waiting is not None:  # no sound device yet (the audio server starts after us): started, and
+                    # saying so, so that systemd does not time the start out while the device is waited for
+                    notify("READY=1")
+                    notify("STATUS=waiting for a sound device")
+                    _stderr(f"waiting for a sound device ({waiting['reason']}); the control socket {self.socket} "
+                            "answers meanwhile")
                 await tg.start(_run_session, session, tg.cancel_scope)
                 notify("READY=1")
+                notify("STATUS=listening")
                 self.started = True
                 _stderr(f"listening ({self.device.describe()}); {_how_to_talk(session)}; control socket {self.socket}")
                 for _, asked in unanswered(voice.app.store, session.conversation,  # a crash left it: asked again first
                                            expire_s=self.settings.conversation.idle_gap_s):
                     tg.start_soon(session.ask_again, asked)
-                interval = watchdog_interval()
-                if interval is not None:  # WATCHDOG=1 only while mic audio keeps reaching the VAD,
-                    # or, while the sound card is lost, the device keeps trying to reopen it
-                    tg.start_soon(watchdog, lambda: (session.listen.position, self.device.retries),
-                                  interval)
             if self.record is not None:  # the session has ended: its events and scenario join the sound
                 self.save_record(voice, since)
 

@@ -6,7 +6,8 @@ its messages deliver what had come out of the speaker at the loss (not what
 was handed to it), what was queued is dropped, and the turn ends
 `interrupted` with reason `audio_lost`. It is not the person's stop: no
 `user/stop`, no new turn. A `notice:` line in the transcript says so (the
-speaker cannot).
+speaker cannot). With no sound device at start (`at_start`) it is the same
+wait, with nothing to cut.
 
 Back: `audio/back` with the devices and how long it took; the echo
 canceller starts afresh (a new device is a new echo path); a notice.
@@ -40,6 +41,10 @@ class AudioChanges:
 
     def lost(self, change: AudioLost) -> None:
         self._log.audio_lost(change, self._agent.current_turn)
+        if change.at_start:  # nothing was playing: only say that it waits
+            self._transcript(f"notice: waiting for a sound device ({change.reason}); listening as soon as one "
+                             "is there")
+            return
         self._surface.lose(change.heard_to)  # before the cancel: the turn records what had been heard
         cut = self._agent.cancel(ev.INTERRUPTED, reason=ev.AUDIO_LOST_REASON)
         self._transcript(f"notice: the audio device was lost ({change.reason})"

@@ -279,7 +279,7 @@ class VoiceSession:
         if lost is None:
             return None
         return {"seconds": round(time.monotonic() - lost["since"], 1), "reason": lost["reason"],
-                "attempts": lost["attempts"], "error": lost["error"]}
+                "attempts": lost["attempts"], "error": lost["error"], "at_start": lost["at_start"]}
 
     async def say(self, text: str, source: str = "text") -> TurnResult | NewConversation:
         """A typed turn, answered by voice; returns its result. Raises
