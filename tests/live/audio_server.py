@@ -124,6 +124,15 @@ class AudioServer:
             stale.unlink(missing_ok=True)
         shutil.rmtree(self.run_dir / "pulse", ignore_errors=True)
 
+    def freeze_server(self, frozen: bool) -> None:
+        """SIGSTOP (or SIGCONT) pipewire, wireplumber and pipewire-pulse: an
+        audio server that hangs, then goes on."""
+        for proc in self.procs[1:]:
+            try:
+                os.killpg(proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def restart_server(self) -> None:
         """The audio server again, on the same runtime directory, with the
         same virtual devices as the defaults. A start that fails (seen once:

@@ -211,3 +211,44 @@ def test_started_before_the_audio_server_it_waits_and_listens_once_the_server_co
     assert "no sound device yet" in lost.body.reason and back.body.after_s > 4.0, (lost, back)
     print(f"started without audio: listening {listening_after:.2f} s after the server was there "
           f"({back.body.attempts} tries)")
+
+
+def test_an_audio_server_stopped_for_5_s_and_continued_is_heard_again(audio: AudioServer, tmp_path):
+    """#36 (d): the audio server hangs (SIGSTOP) for 5 s and goes on: the
+    loss is known, `voice ctl status` answers meanwhile, and the next
+    request is heard and answered."""
+    daemon = LiveDaemon(tmp_path, audio)
+    frozen = False
+    try:
+        daemon.wait_listening()
+        time.sleep(1.0)
+        audio.freeze_server(True)
+        frozen, stopped_at = True, time.monotonic()
+        daemon.wait(lambda: any(line.startswith("notice: the audio device was lost") for line in daemon.out), 5,
+                    "the loss to be known while the server is stopped")
+        known_after = time.monotonic() - stopped_at
+        status = subprocess.run([sys.executable, "-m", "voice", "ctl", "status"], cwd=ROOT, env=daemon.env,
+                                capture_output=True, text=True, timeout=10)
+        time.sleep(max(0.0, stopped_at + 5.0 - time.monotonic()))
+        audio.freeze_server(False)
+        frozen, continued_at = False, time.monotonic()
+        daemon.wait(lambda: any("audio is back" in line for line in daemon.out), BACK_WITHIN_S,
+                    "the service to hear again after the server went on")
+        back_after = time.monotonic() - continued_at
+        time.sleep(0.5)
+        audio.play(AUDIO / "what_time.wav")
+        daemon.wait(lambda: daemon.replies(), 40, "the answer to the request after the server went on")
+    finally:
+        if frozen:
+            audio.freeze_server(False)
+        rc = daemon.stop()
+    log = daemon.log()
+    assert rc == 0, log
+    assert status.returncode == 0 and re.search(r"^audio: lost \d+ s ago, retrying", status.stdout, re.M), (
+        status.stdout, status.stderr)
+    events = daemon.events()
+    assert len([e for e in events if e.type == ev.AUDIO_LOST]) == 1, log
+    assert len([e for e in events if e.type == ev.AUDIO_BACK]) == 1, log
+    assert len([e for e in events if e.type == ev.TURN_START]) == 1, log
+    print(f"audio server stopped 5 s: the loss known {known_after:.2f} s after the stop, audio back "
+          f"{back_after:.2f} s after it went on")
