@@ -42,7 +42,7 @@ HOLD_SILENCE_S = 1.0  # the most a silent mic block waits while the service wait
 DEVICE_BLOCK_MS = 32  # the sound card's block: Silero's 512-sample window at 16 kHz
 
 
-def _open_device(settings: Settings, replay: Path | None):
+def _open_device(settings: Settings, replay: Path | None, recording: bool = False):
     """The sound card, or with --replay the replay device, paced in real time
     and kept up after the scenario (and the scenario)."""
     from voice.audio.live import AudioUnavailable, LiveDevice
@@ -61,11 +61,12 @@ def _open_device(settings: Settings, replay: Path | None):
         # 32 ms blocks, one Silero frame each: idle CPU 4 % against 6 % at 20 ms; silence held
         # back up to HOLD_SILENCE_S while the service waits (voice.audio.silence_hold; benchmarks/RESULTS.md)
         # With the system's default devices, none at start is waited for (the audio server may start
-        # after us); a pinned one that is not there is a mistake in the config, said at once.
+        # after us); a pinned one that is not there is a mistake in the config, said at once. So is a
+        # card that will not open for `--record`: a person at a terminal asked to record it now (#27).
         pinned = bool(settings.audio.input or settings.audio.output)
         return LiveDevice(settings.audio.input or None, settings.audio.output or None, block_ms=DEVICE_BLOCK_MS,
                           hold_silence_s=HOLD_SILENCE_S, hold_floor_dbfs=LEVEL_FLOOR_DBFS - 6,
-                          wait_for_audio=not pinned), None
+                          wait_for_audio=not pinned and not recording), None
 
 
 def _recorder(ring_s: float, record: Path | None):
@@ -224,7 +225,7 @@ def run_daemon(settings: Settings, db: str | None, llm_spec: str | None, replay:
     from voice.service.control import checked_socket_path
 
     socket = checked_socket_path(settings.service.socket_path)  # not private: fails before the models load
-    device, scenario = _open_device(settings, replay)
+    device, scenario = _open_device(settings, replay, recording=record is not None)
     made = _made_by_us(record)
     recorder = _recorder(settings.record.ring_s, record)  # a --record directory it cannot use: before the models load
     daemon = _Daemon(settings, socket, device, scenario, recorder, record, db, llm_spec, verbose)
