@@ -115,7 +115,8 @@ def test_a_replay_device_that_keeps_nothing_forgets_the_clips_it_has_played():
     quiet = np.zeros(800, np.int16)  # 50 ms each
     clips = tuple(UserClip(quiet, f"c{n}.wav", "at" if n == 0 else "after_idle", 0.0 if n == 0 else 0.05, 0)
                   for n in range(200))
-    scenario = SimpleNamespace(path=Path("x.toml"), users=clips, echo=None, tail=0.1, max_duration=60.0, blocks=())
+    scenario = SimpleNamespace(path=Path("x.toml"), users=clips, echo=None, tail=0.1, max_duration=60.0, blocks=(),
+                               losses=())
 
     bounded, recorded = run_device(scenario, record=False), run_device(scenario, record=True)
     assert bounded.clips_placed == recorded.clips_placed == len(recorded.placed) == 200
@@ -151,7 +152,7 @@ async def test_the_voice_surface_holds_the_newest_units_and_their_chunks_only():
 def test_replay_tick_lateness_is_bounded_unless_the_device_records():
     clip = UserClip(np.zeros(1600, np.int16), "silence.wav", "at", 0.0, 0)
     scenario = SimpleNamespace(path=Path("x.toml"), users=(clip,), echo=None, tail=(KEEP_TICKS + 500) / 50,
-                               max_duration=(KEEP_TICKS + 600) / 50, blocks=())
+                               max_duration=(KEEP_TICKS + 600) / 50, blocks=(), losses=())
 
     bounded, recorded = run_device(scenario, record=False), run_device(scenario, record=True)
     assert bounded.position == recorded.position > KEEP_TICKS * 320

@@ -123,3 +123,39 @@ def test_a_question_a_killed_daemon_left_is_asked_again_and_answered_from_the_te
     answered = [(e.body.decision, e.body.how) for e in log if e.type == ev.APPROVAL_ANSWERED]
     assert answered == [("withdrawn", "restart"), ("granted", "ctl")]
     assert [e.body.outcome for e in log if e.type == ev.TURN_END] == [ev.INTERRUPTED, ev.COMPLETED]
+
+
+def test_a_write_on_an_mcp_server_runs_to_its_receipt_when_the_sound_card_goes(tmp_path):
+    """#36: the sound card goes (the scenario's `[[audio_lost]]`, told as the live
+    device tells it) while the chaos server's slow write runs. The person did not
+    ask to stop: the call is not cancelled (the server finishes it), its receipt
+    is confirmed, and the phrase announcing it is said once the card is back."""
+    journal = tmp_path / "chaos.journal"
+    argv = chaos_server_command(journal)
+    config = tmp_path / "voice.toml"
+    config.write_text(f'[listen]\nmode = "open"\n[mcp.servers.chaos]\ncommand = {json.dumps(argv[0])}\n'
+                      f'args = {json.dumps(argv[1:])}\napprove = "never"\n')
+    script = tmp_path / "replies.toml"
+    script.write_text('[[reply]]\nchunk_delay_ms = 10\ntext = "Writing it down, this takes a while."\n'
+                      'text_after_tools = "Done, it is written."\n'
+                      'tool_calls = [{ name = "chaos__slow_write", arguments = { seconds = 10, label = "front" } }]\n')
+    scenario = said_at(tmp_path / "unlock.toml", 0.3)
+    # Lost at 8 s (the write is dispatched by then: the request ended at 2.8 s), back 5 s later.
+    scenario.write_text(scenario.read_text() + "[[audio_lost]]\nat = 8.0\nback_after = 5.0\n")
+    d = Daemon(tmp_path, scenario, extra_args=("--config", str(config), "--llm", f"scripted:{script}"))
+    try:
+        d.pump(lambda: "notice: Done, it is written." in d.out, timeout=120)
+        d.stop()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    assert [e["label"] for e in events(journal, "done")] == ["front"] and not events(journal, "cancelled")
+    log = d.events()
+    (lost,) = [e for e in log if e.type == ev.AUDIO_LOST]
+    (receipt,) = [e for e in log if e.type == ev.EFFECT_RECEIPT]
+    (result,) = [e for e in log if e.type == ev.TOOL_RESULT]
+    assert receipt.seq > lost.seq and receipt.body.state == ev.CONFIRMED and result.body.status == "ok", receipt
+    (end,) = [e for e in log if e.type == ev.TURN_END]
+    assert end.body.outcome == ev.INTERRUPTED and end.body.reason == ev.AUDIO_LOST_REASON, end
+    back = next(i for i, line in enumerate(d.out) if line.startswith("notice: audio is back"))
+    assert d.out.index("notice: Done, it is written.") > back, d.out

@@ -91,7 +91,8 @@ def long_scenario(clips: int) -> SimpleNamespace:
     loud = (np.sin(np.arange(8000) / 5) * 8000).astype(np.int16)
     users = tuple(UserClip(loud, f"c{n}.wav", "at" if n == 0 else "after_idle", 0.0 if n == 0 else 0.4, 0)
                   for n in range(clips))
-    return SimpleNamespace(path=Path("x.toml"), users=users, echo=None, tail=1.0, max_duration=600.0, blocks=())
+    return SimpleNamespace(path=Path("x.toml"), users=users, echo=None, tail=1.0, max_duration=600.0, blocks=(),
+                           losses=())
 
 
 def test_the_replays_device_keeps_no_sound_and_no_figure_per_tick():

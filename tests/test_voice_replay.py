@@ -296,6 +296,61 @@ def test_completion_phrases_play_only_after_confirmed_receipts(replays):
     assert "cloud" not in json.dumps(history)
 
 
+# -- #36: the speaker lost while a write it announced runs -------------------
+
+
+def _log(out: Path) -> list:
+    store = EventStore(out / "events.db")
+    try:
+        return store.events()
+    finally:
+        store.close()
+
+
+def _ran_to_its_receipt(events: list) -> None:
+    """The write dispatched before the loss ran on: confirmed, never unknown; the turn cut as heard."""
+    (lost,) = [e for e in events if e.type == ev.AUDIO_LOST]
+    (receipt,) = [e for e in events if e.type == ev.EFFECT_RECEIPT]
+    (end,) = [e for e in events if e.type == ev.TURN_END]
+    assert receipt.seq > lost.seq and receipt.body.state == ev.CONFIRMED, receipt
+    assert end.body.outcome == ev.INTERRUPTED and end.body.reason == ev.AUDIO_LOST_REASON and end.seq > receipt.seq
+    assert not [e for e in events if e.type == ev.USER_STOP]
+
+
+def test_a_write_the_lost_speaker_cut_runs_to_its_receipt_and_is_announced_when_audio_is_back(replays):
+    out = replays("audio_lost_tool")
+    events = _log(out)
+    _ran_to_its_receipt(events)
+    (back,) = [e for e in events if e.type == ev.AUDIO_BACK]
+    (owed,) = [e for e in events if e.type == ev.SPEECH_OWED]
+    assert owed.seq > back.seq and owed.body.said == ev.OWED_ALOUD, owed
+    lines = (out / "stdout.txt").read_text().splitlines()
+    assert lines.index("notice: Done, the front door is unlocked.") > next(
+        i for i, line in enumerate(lines) if line.startswith("notice: audio is back")), lines
+    heard = " ".join(words(whisper().transcribe(read_mono16k(out / "played.wav").astype(np.float32) / 32768).text))
+    assert "door is unlocked" in heard, heard  # it played, after the cut reply's first words
+    store = EventStore(out / "events.db")
+    try:
+        history = json.dumps(derive_messages(store, events[0].conversation))
+    finally:
+        store.close()
+    # only what played of the reply; the announcement, said as a notice, is none of it
+    assert "front door is unlocked" not in history and "a few seconds" not in history, history
+
+
+def test_past_the_idle_gap_the_lost_announcement_is_written_down_not_spoken(replays):
+    out = replays("audio_lost_past_gap", "[conversation]\nidle_gap_s = 10.0\n")
+    events = _log(out)
+    _ran_to_its_receipt(events)
+    (back,) = [e for e in events if e.type == ev.AUDIO_BACK]
+    (owed,) = [e for e in events if e.type == ev.SPEECH_OWED]
+    assert owed.seq < back.seq and owed.body.said == ev.OWED_NOTICE and owed.body.waited_s >= 10.0, owed
+    stdout = (out / "stdout.txt").read_text()
+    assert "notice: Done, the front door is unlocked. (not said: the audio device was lost)" in stdout, stdout
+    heard = " ".join(words(whisper().transcribe(read_mono16k(out / "played.wav").astype(np.float32) / 32768).text))
+    assert "unlocked" not in heard, heard
+
+
 # -- #7: laptop speakers: echo cancellation, barge-in that confirms or resumes --
 
 

@@ -51,7 +51,7 @@ from voice.agent.providers.scripted import ScriptedProvider, parse_replies
 from voice.agent.tools.base import Tool
 from voice.app import open_app
 from voice.audio.clock import VirtualClock, run_on_virtual_clock
-from voice.audio.replay_device import BLOCK, ReplayDevice, UserClip
+from voice.audio.replay_device import BLOCK, AudioLoss, ReplayDevice, UserClip
 from voice.audio.wav import read_mono16k
 from voice.config import defaults_path, load_config_with_sources
 from voice.log.events import TURN_START, Event
@@ -104,6 +104,7 @@ class Timeline:
     leaves_tasks: str | None = None  # why this run may leave pipecat's tasks behind (None: it may not)
     during: Callable[[VoiceSession], Awaitable[None]] | None = None
     keep: int | None = None  # per-turn bookkeeping the session holds (None: all, as `voice replay`)
+    losses: tuple[AudioLoss, ...] = ()  # the sound card going and coming back, as a scenario's [[audio_lost]]
 
 
 class PositionedStore(EventStore):
@@ -190,7 +191,7 @@ async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any]) -> Ou
     audio = {c.file: read_mono16k(AUDIO / c.file) for c in timeline.clips}
     users = tuple(UserClip(audio[c.file], c.file, c.when, c.seconds, _onset(audio[c.file])) for c in timeline.clips)
     scenario = Scenario(tmp_path / "timeline.toml", users, None, None, tail=timeline.tail,
-                        max_duration=timeline.max_duration)
+                        max_duration=timeline.max_duration, losses=timeline.losses)
     running: list[VoiceSession] = []
     device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle())
     stt = ScriptedStt(audio, {c.file: c.said for c in timeline.clips})

@@ -48,6 +48,7 @@ class StepOutcome:
 
     receipts: list[str] = field(default_factory=list)
     phrases: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)  # the writes' names a person is shown (title, else name)
 
 
 class ToolCalls:
@@ -64,7 +65,9 @@ class ToolCalls:
 
     async def run(self, place: Place, state: TurnState, calls: list[ToolCall]) -> StepOutcome:
         """Run the step's calls (at `place`) in order; those not reached when
-        the turn stops stay in `state.pending_calls` (`close_undispatched`)."""
+        the turn stops stay in `state.pending_calls` (`close_undispatched`),
+        and so do those after a dispatched one that a stop let finish
+        (`state.stop_after_dispatch`)."""
         state.pending_calls = list(calls)
         for call in calls:
             rows.record(self.store, place, ev.ToolCalled(tool_call_id=call.id, name=call.name,
@@ -72,10 +75,13 @@ class ToolCalls:
         for call in calls:
             await self._tool_state(call, "pending")
         outcome = StepOutcome()
-        while state.pending_calls:
+        while state.pending_calls and state.stop_after_dispatch is None:
             call = state.pending_calls.pop(0)
             known, result = await self._run_tool(place, state, call)
             outcome.receipts.append(known)
+            if known:
+                tool = self.tools.get(call.name)
+                outcome.writes.append(tool.title or call.name if tool is not None else call.name)
             if known == ev.CONFIRMED and result.phrase:
                 outcome.phrases.append(result.phrase)
         return outcome
@@ -115,7 +121,11 @@ class ToolCalls:
                                                              effect=tool.effect, arguments=args))
             dispatched = True
             await self._tool_state(call, "in_progress")
-            known, result = await self._dispatch(place, call, tool, args, ctx)
+            state.dispatching = True  # from here a lost speaker lets it finish (AgentLoop.cancel)
+            try:
+                known, result = await self._dispatch(place, call, tool, args, ctx)
+            finally:
+                state.dispatching = False
             return known, result
         except anyio.get_cancelled_exc_class():
             if not dispatched:  # (stopped while an earlier write was being looked up)

@@ -14,7 +14,10 @@ turn leaves behind is then recorded shielded, under a deadline:
 - then `agent/assistant-stream` end < `step/end` < `turn/end`.
 
 A cancel from outside the turn (shutdown) records the same, with the turn
-closed `interrupted` instead of `aborted`.
+closed `interrupted` instead of `aborted`. A lost speaker's cancel
+(`finish_dispatched`: the person did not ask to stop) first lets a
+dispatched call run to its result, then records the same; the phrase that
+would have announced the outcome becomes the surface's notice.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import anyio
 from voice.agent import turn_rows as rows
 from voice.agent.asking import Questions
 from voice.agent.blocks import REASONING, TEXT, BlockAssembler, ToolCall
-from voice.agent.calls import ToolCalls
+from voice.agent.calls import StepOutcome, ToolCalls
 from voice.agent.loop_settings import LoopSettings, ToolEnv, history_budget
 from voice.agent.preempt import EarlyStart
 from voice.agent.providers.base import (
@@ -102,14 +105,26 @@ class AgentLoop:
         words are the answer, not a barge-in, once the question has played."""
         return self.questions.waiting_for_person
 
-    def cancel(self, outcome: str = ev.ABORTED, reason: str | None = None) -> bool:
+    def cancel(self, outcome: str = ev.ABORTED, reason: str | None = None, *,
+               finish_dispatched: bool = False) -> bool:
         """Stop the running turn: `aborted` when the person stopped it
         (barge-in, Ctrl-C), `interrupted` for a shutdown or a lost sound
         card (`reason` audio_lost, on its turn/end). Returns False if no
-        turn runs."""
+        turn runs.
+
+        `finish_dispatched` (the speaker went; the person did not ask to
+        stop): a call already dispatched runs to its receipt first, and the
+        turn ends as soon as it has its result; the phrase that would have
+        announced the outcome goes to `surface.notice` once the turn has
+        ended, and the calls after it are never dispatched. A plain
+        `cancel()` meanwhile stops it at once, as a barge-in always does."""
         self.cancel_idle()
         if self._scope is None:
             return False
+        state = self._state
+        if finish_dispatched and state is not None and state.dispatching:
+            state.stop_after_dispatch = (outcome, reason)
+            return True
         self._cancel_outcome, self._cancel_reason = outcome, reason
         self._scope.cancel()
         return True
@@ -195,6 +210,8 @@ class AgentLoop:
                 reason = self._cancel_reason if scope.cancel_called else None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_bound_s):
                     await self._record_cancel(state, outcome, reason)
+                    if state.unsaid:  # after the stop: it is the assistant's own word now, not the turn's
+                        await self.surface.notice(state.unsaid)
                 raise
             finally:
                 over, self._turn_over = self._turn_over, None
@@ -360,35 +377,57 @@ class AgentLoop:
         when the writes were confirmed and said so (the model's held
         completion, or the tools' phrases)."""
         outcome = await self.calls.run(self._at(state), state, calls)
-        return await self._release_held(state, outcome.receipts, outcome.phrases)
+        completed = await self._release_held(state, outcome)
+        if state.stop_after_dispatch is not None:  # the dispatched call has its result: the stop goes ahead
+            assert self._scope is not None
+            self._cancel_outcome, self._cancel_reason = state.stop_after_dispatch
+            self._scope.cancel()
+            await anyio.sleep(0)  # (a checkpoint: the cancel is seen here)
+        return completed
 
-    async def _release_held(self, state: TurnState, receipts: list[str], phrases: list[str]) -> bool:
+    async def _release_held(self, state: TurnState, outcome: StepOutcome) -> bool:
         """Text the model streamed after a write call plays only once every
         write of the step is confirmed; otherwise an honest phrase replaces
         it. When the model streamed nothing after its confirmed writes, the
         tools' own phrases ("Done, I saved the note.") say so. True when a
-        confirmation was said: the turn is then complete."""
+        confirmation was said: the turn is then complete.
+
+        After a lost speaker (`state.stop_after_dispatch`) the phrase is not
+        spoken in the turn: it is kept as an `assistant/attempt` (unsaid)
+        and said as a notice once the turn has ended; and since the model
+        will not answer from the results, a write with no phrase at all
+        still gets one that says its outcome."""
         held, state.held_text = state.held_text, ""
-        writes = [r for r in receipts if r]
+        writes = [r for r in outcome.receipts if r]
+        lost = state.stop_after_dispatch is not None
         if not held.strip() and not writes:
             return False
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt, part=1)
+        text = ""
         if writes and all(r == ev.CONFIRMED for r in writes):
             if held.strip():
                 text, origin = held, "completion"
-            elif phrases:
-                text, origin = " ".join(phrases), "tool"
+            elif outcome.phrases:
+                text, origin = " ".join(outcome.phrases), "tool"
+            elif lost:
+                text, origin = f"Done, {' and '.join(outcome.writes)} went through.", "tool"
             else:
                 return False  # nothing to say yet: the model answers from the results
         else:
             if held.strip():
                 rows.attempt(self.store, self._at(state), "withheld", message_id=ref.message_id,
                              content=[{"type": "text", "text": held}], receipts=writes)
-            if not writes or not held.strip():
-                return False  # nothing was claimed, so nothing needs correcting
-            text = ("I couldn't confirm that it worked." if ev.UNKNOWN in writes
-                    else "That didn't work.")
+            if writes and (held.strip() or lost):  # (nothing claimed, and the model will answer: no correction)
+                text = ("I couldn't confirm that it worked." if ev.UNKNOWN in writes
+                        else "That didn't work.")
             origin = "receipt"
+        if not text:
+            return False
+        if lost:  # filed as the step's part 1, as it would have been said; never history
+            rows.attempt(self.store, self._at(state), "unsaid", message_id=ref.message_id,
+                         content=[{"type": "text", "text": text}], receipts=writes)
+            state.unsaid = text
+            return origin != "receipt"
         self.surface.open(ref)
         await self.surface.text(ref, text)
         await self.surface.close(ref)

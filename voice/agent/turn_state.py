@@ -30,6 +30,11 @@ class TurnState:
     playing: list[UnitRef] = field(default_factory=list)
     pending_calls: list[ToolCall] = field(default_factory=list)  # committed, not dispatched
     held_text: str = ""  # streamed after a write call; waits for its receipt
+    dispatching: bool = False  # a dispatched call runs: its receipt is not in yet
+    # A stop that lets the dispatched call run to its receipt (the speaker went, the person did
+    # not ask to stop): (outcome, reason) of the turn, which ends once the call has its result.
+    stop_after_dispatch: tuple[str, str | None] | None = None
+    unsaid: str = ""  # the completion phrase such a stop kept from the speaker: a notice once the turn has ended
     shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
     early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
     asked_again: ev.ApprovalRequested | None = None  # a question a restart left unanswered (voice.agent.approvals)

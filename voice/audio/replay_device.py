@@ -10,6 +10,12 @@ User clips are placed on that clock as the scenario says; a barge-in clip
 is placed so that its speech onset (first loud sample) falls exactly
 `barge_in_after` seconds after the previous reply's first played sample.
 
+A scenario's `[[audio_lost]]` is the sound card going away at a second of
+the scenario's clock and coming back `back_after` seconds later, told to
+the session exactly as the live device tells it (`AudioLost`, `AudioBack`):
+meanwhile nothing is heard or played, and the scenario's clock (the mic's
+samples) stands still while the session's clock goes on.
+
 With an `[echo]` path, what the speaker played returns into the mic:
 delayed, attenuated, optionally reverberated (an exponentially decaying
 noise tail with the given RT60) and with a noise floor, as laptop speakers
@@ -28,7 +34,7 @@ from typing import Protocol
 import anyio
 import numpy as np
 
-from voice.audio.device import MIC_RATE, OnAudio, OnMic
+from voice.audio.device import MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic
 from voice.audio.playback import PlaybackBuffer
 
 BLOCK = MIC_RATE // 50  # 20 ms
@@ -48,6 +54,14 @@ class UserClip:
 
 
 @dataclass(frozen=True)
+class AudioLoss:
+    """The sound card goes at `at_s` (the scenario's clock) for `back_after_s` (the session's)."""
+
+    at_s: float
+    back_after_s: float
+
+
+@dataclass(frozen=True)
 class EchoPath:
     delay_ms: float = 60.0
     gain_db: float = -10.0
@@ -64,6 +78,7 @@ class ReplayScript(Protocol):
     tail: float
     max_duration: float
     blocks: tuple[int, ...]  # mic block sizes to tick with (a recording's); past them, BLOCK
+    losses: tuple[AudioLoss, ...]  # the sound card going and coming back, in order
 
 
 @dataclass
@@ -108,7 +123,7 @@ class ReplayDevice:
     record: bool | None = None
     summarize: bool | None = None
     position: int = 0
-    retries: int = 0  # (AudioDevice: a replay's sound card is never lost)
+    retries: int = 0  # (AudioDevice: reopening tries; a replay's lost card comes back when its scenario says)
     placed: list[PlacedClip] = field(default_factory=list)  # without `summarize`, from the one still heard on
     clips_placed: int = 0  # of the scenario's users, in order
     mic_blocks: list[np.ndarray] = field(default_factory=list)
@@ -119,6 +134,7 @@ class ReplayDevice:
     _echo: "_EchoPath | None" = None
     _audible_from: int = 0  # placed clips before this one have ended: mixing skips them
     _quiet_since: int | None = None  # idle since this position, the previous clip over (NOTHING_TO_CUT_S)
+    _lost: dict | None = None  # audio_lost() while a scenario's loss lasts
 
     def __post_init__(self) -> None:
         if self.record is None:
@@ -138,8 +154,8 @@ class ReplayDevice:
     def output_latency(self) -> int:
         return 0
 
-    def audio_lost(self) -> None:
-        return None  # a scenario's sound card never goes away
+    def audio_lost(self) -> dict | None:
+        return None if self._lost is None else dict(self._lost)
 
     def describe(self) -> str:
         return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
@@ -162,13 +178,16 @@ class ReplayDevice:
         return 0.0
 
     async def run(self, on_mic: OnMic, on_audio: OnAudio | None = None) -> None:
-        # (a scenario's sound card never goes away: `on_audio` is never told)
         limit = int(self.scenario.max_duration * MIC_RATE)
         tail = int(self.scenario.tail * MIC_RATE)
+        losses = deque(self.scenario.losses)
         idle_since: int | None = None
         deadline = time.monotonic()
         ticks = 0
         while self.hold or self.position < limit:
+            if losses and self.position >= losses[0].at_s * MIC_RATE:
+                await self._lose(losses.popleft(), on_audio)
+                deadline = time.monotonic()
             self._place_next()
             n = self.scenario.blocks[ticks] if ticks < len(self.scenario.blocks) else BLOCK
             ticks += 1
@@ -195,6 +214,23 @@ class ReplayDevice:
                 self.lateness_counts[round(late * 1000, 1)] += 1
             await anyio.sleep_until(deadline)
         self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"
+
+    async def _lose(self, loss: AudioLoss, on_audio: OnAudio | None) -> None:
+        """A scenario's `[[audio_lost]]`: told as the live device tells it;
+        nothing is heard or pulled until it is back."""
+        reason = f"the scenario's sound card went at {loss.at_s:g} s"
+        self._lost = {"since": time.monotonic(), "reason": reason, "attempts": 0, "error": None, "at_start": False}
+        if on_audio is not None:  # (no output latency: what was pulled has come out of the speaker)
+            on_audio(AudioLost(reason=reason, heard_to=self.buffer.position))
+        back_at = anyio.current_time() + loss.back_after_s
+        while (left := back_at - anyio.current_time()) > 0:  # "reopening" twice a second, as the watchdog expects
+            await anyio.sleep(min(left, 0.5))
+            self.retries += 1
+            self._lost["attempts"] += 1
+        attempts = self._lost["attempts"]
+        self._lost = None
+        if on_audio is not None:
+            on_audio(AudioBack(devices=self.describe(), after_s=loss.back_after_s, attempts=attempts))
 
     def _place_next(self) -> None:
         n = self.clips_placed

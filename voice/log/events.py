@@ -33,7 +33,7 @@ from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAITool
                                    optional)
 from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, LateOutput, ListenControl, ListenSpeech,
                                      ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed, SpeechPaused,
-                                     SpeechPlayed, SpeechResumed, SpeechSentence)
+                                     SpeechOwed, SpeechPlayed, SpeechResumed, SpeechSentence)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -97,6 +97,7 @@ SPEECH_SENTENCE: Final = SpeechSentence.TYPE
 AUDIO_CLOCK: Final = AudioClock.TYPE
 AUDIO_LOST: Final = DeviceLost.TYPE
 AUDIO_BACK: Final = DeviceBack.TYPE
+SPEECH_OWED: Final = SpeechOwed.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LISTEN_WINDOW: Final = ListenWindow.TYPE
@@ -123,6 +124,8 @@ COMPLETED: Final = "completed"
 ABORTED: Final = "aborted"  # the person stopped it
 INTERRUPTED: Final = "interrupted"  # crash or shutdown, or the sound card went away (reason AUDIO_LOST)
 AUDIO_LOST_REASON: Final = "audio_lost"  # turn/end's reason when the sound card went away mid-turn
+OWED_ALOUD: Final = "aloud"  # speech/owed: said once audio was back
+OWED_NOTICE: Final = "notice"  # speech/owed: written down only, the idle gap having passed
 ERROR: Final = "error"
 TURN_OUTCOMES: Final = frozenset({COMPLETED, ABORTED, INTERRUPTED, ERROR})
 

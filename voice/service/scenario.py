@@ -57,6 +57,12 @@ state at the start, as a saved session that began mid-session had it: a
 wake word heard and not yet used, and where the assistant last stopped
 speaking (its conversation window, in which a follow-up needs no wake word).
 
+An `[[audio_lost]]` (at = seconds on the scenario clock, back_after =
+seconds) is the sound card going away and coming back, told to the session
+as the live device tells it (`audio/lost`, `audio/back`): nothing is heard
+or played meanwhile, and the scenario's clock stands still (it counts the
+mic's samples) while the session's goes on.
+
 Optional top-level keys: `tail = 1.5` (seconds of silence to keep after
 the last reply), `max_duration = 180` (a hard stop, seconds).
 """
@@ -72,14 +78,14 @@ import numpy as np
 from voice.agent.providers.scripted import (DAY_S, ScriptedProvider, ScriptedReply, checked_number,
                                             load_script, parse_replies)
 from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE
-from voice.audio.replay_device import EchoPath, UserClip
+from voice.audio.replay_device import AudioLoss, EchoPath, UserClip
 from voice.audio.wav import read_mono16k
 from voice.speech.stt import STT_MODELS
 from voice.toml_file import read_toml
 
 _LISTEN = ("echo_cancellation", "mode", "window_s", "wake_word_at", "assistant_stopped_at")
 _TOP = {"llm", "reply", "user", "tool", "tail", "max_duration", "stt_model", "echo", "listen", "play", "timing",
-        "mic_blocks", "say", "control"}
+        "mic_blocks", "say", "control", "audio_lost"}
 _ECHO = {"delay_ms", "gain_db", "reverb_s", "noise_db"}
 _TOOL = {"name", "wait_s", "result", "effect", "receipt", "phrase", "ask_first"}
 _USER = {"audio", "at", "barge_in_after", "after_reply", "after_idle"}
@@ -134,6 +140,7 @@ class Scenario:
     # the listen gate at the start (wake mode; seconds, <= 0): a wake word not yet used, the window's start
     wake_word_at: float | None = None
     assistant_stopped_at: float | None = None
+    losses: tuple[AudioLoss, ...] = ()  # [[audio_lost]]: the sound card going and coming back, by time
 
     def play_at(self, rate: int) -> dict[tuple[str, int], int]:
         """(message id, sentence) -> the speaker position (at `rate`) it starts no sooner than."""
@@ -175,7 +182,7 @@ def load_scenario(path: str | Path) -> Scenario:
     unknown = set(data) - _TOP
     if unknown:
         raise ValueError(f"scenario {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP)}")
-    for table in ("user", "tool", "reply", "play", "say", "control"):
+    for table in ("user", "tool", "reply", "play", "say", "control", "audio_lost"):
         if table in data and not (isinstance(data[table], list) and all(isinstance(x, dict) for x in data[table])):
             raise ValueError(f"scenario {path}: {table} must be an array of tables, written [[{table}]]")
     users = []
@@ -249,7 +256,19 @@ def load_scenario(path: str | Path) -> Scenario:
                     _number(path, "max_duration", data.get("max_duration", 180.0), 1.0, DAY_S), stt_model,
                     tuple(tools), echo, listen.get("echo_cancellation"), listen.get("mode", "open"), window_s,
                     tuple(plays), timing, _blocks(path, mic_blocks), _says(path, data.get("say", [])),
-                    _controls(path, data.get("control", [])), **gate_at)
+                    _controls(path, data.get("control", [])), **gate_at,
+                    losses=_losses(path, data.get("audio_lost", [])))
+
+
+def _losses(path: Path, raw: list[dict]) -> tuple[AudioLoss, ...]:
+    losses = []
+    for n, loss in enumerate(raw, 1):
+        if set(loss) != {"at", "back_after"}:
+            raise ValueError(f"scenario {path}: [[audio_lost]] {n} needs exactly at = SECONDS (the scenario's clock) "
+                             "and back_after = SECONDS (how long the sound card stays away)")
+        losses.append(AudioLoss(_number(path, f"[[audio_lost]] {n} at", loss["at"], 0.0, DAY_S),
+                                _number(path, f"[[audio_lost]] {n} back_after", loss["back_after"], 0.02, DAY_S)))
+    return tuple(sorted(losses, key=lambda loss: loss.at_s))
 
 
 def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:

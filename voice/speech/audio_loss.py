@@ -5,9 +5,18 @@ Lost: `audio/lost` in the log; a reply being spoken ends there, as heard:
 its messages deliver what had come out of the speaker at the loss (not what
 was handed to it), what was queued is dropped, and the turn ends
 `interrupted` with reason `audio_lost`. It is not the person's stop: no
-`user/stop`, no new turn. A `notice:` line in the transcript says so (the
-speaker cannot). With no sound device at start (`at_start`) it is the same
-wait, with nothing to cut.
+`user/stop`, no new turn, and a tool call already dispatched runs to its
+receipt (its effect recorded with its real outcome) before the turn ends;
+the calls after it are not dispatched. A `notice:` line in the transcript
+says so (the speaker cannot). With no sound device at start (`at_start`) it
+is the same wait, with nothing to cut.
+
+What the assistant would have said meanwhile of its own (the phrase that
+announces the tool's outcome, a timer) the voice surface keeps
+(`VoiceSurface.unsaid`); `run()` says it once audio is back, or, once the
+conversation's idle gap (`conversation.idle_gap_s`, counted from when it
+could not be said) has passed, writes it down as a `notice:` line instead:
+news that old is not spoken into a room. Each is `speech/owed` in the log.
 
 Back: `audio/back` with the devices and how long it took; the echo
 canceller starts afresh (a new device is a new echo path); a notice.
@@ -15,7 +24,10 @@ canceller starts afresh (a new device is a new echo path); a notice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+
+import anyio
 
 from voice.agent.loop import AgentLoop
 from voice.audio.device import AudioBack, AudioLost
@@ -26,12 +38,14 @@ from voice.speech.voice_surface import VoiceSurface
 
 class AudioChanges:
     def __init__(self, *, log: SpeechLog, surface: VoiceSurface, agent: AgentLoop,
-                 transcript: Callable[[str], None], restart_echo: Callable[[], None]):
+                 transcript: Callable[[str], None], restart_echo: Callable[[], None],
+                 idle_gap_s: float | None = None):
         self._log = log
         self._surface = surface
         self._agent = agent
         self._transcript = transcript
         self._restart_echo = restart_echo
+        self._idle_gap_s = idle_gap_s  # None: what was kept waits for the speaker however long
 
     def __call__(self, change: AudioLost | AudioBack) -> None:
         if isinstance(change, AudioLost):
@@ -46,7 +60,7 @@ class AudioChanges:
                              "is there")
             return
         self._surface.lose(change.heard_to)  # before the cancel: the turn records what had been heard
-        cut = self._agent.cancel(ev.INTERRUPTED, reason=ev.AUDIO_LOST_REASON)
+        cut = self._agent.cancel(ev.INTERRUPTED, reason=ev.AUDIO_LOST_REASON, finish_dispatched=True)
         self._transcript(f"notice: the audio device was lost ({change.reason})"
                          + ("; the reply was cut" if cut else "") + "; reopening it until it is back")
 
@@ -54,3 +68,28 @@ class AudioChanges:
         self._restart_echo()
         self._log.audio_back(change)
         self._transcript(f"notice: audio is back after {change.after_s:.1f} s ({change.devices})")
+        self._surface.found()  # what was kept meanwhile is said now (run)
+
+    async def run(self) -> None:
+        """Deliver what the surface kept while the speaker was lost: said
+        once it is back, written down once the idle gap has passed. Wakes
+        when something is kept, when the speaker is back, and at the gap's
+        deadline; never returns."""
+        while True:
+            changed = self._surface.unsaid_changed()  # armed before looking
+            wait_s = float("inf")
+            if self._surface.unsaid and not self._surface.speaker_lost:
+                for unsaid in self._surface.take_unsaid():
+                    self._log.owed(unsaid.text, ev.OWED_ALOUD, time.time() - unsaid.at_wall)
+                    await self._surface.notice(unsaid.text)
+                continue
+            if self._surface.unsaid and self._idle_gap_s is not None:
+                now = time.time()
+                for unsaid in self._surface.take_unsaid(older_than=now - self._idle_gap_s):
+                    # too old to be said: written down, once
+                    self._log.owed(unsaid.text, ev.OWED_NOTICE, now - unsaid.at_wall)
+                    self._transcript(f"notice: {unsaid.text} (not said: the audio device was lost)")
+                if self._surface.unsaid:
+                    wait_s = self._surface.unsaid[0].at_wall + self._idle_gap_s - now
+            with anyio.move_on_after(wait_s):
+                await changed.wait()

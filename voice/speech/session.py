@@ -157,15 +157,17 @@ class VoiceSession:
             p.log.clock()  # audio/clock: log times and the recording share one clock
             task_status.started()
 
+        audio_changes = AudioChanges(log=p.log, surface=p.surface, agent=p.agent, transcript=self.transcript,
+                                     restart_echo=self._restart_echo, idle_gap_s=p.turns.rules.idle_gap_s)
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_pipeline)
             tg.start_soon(p.turns.run)
             tg.start_soon(report_listening)
+            tg.start_soon(audio_changes.run)  # what a lost speaker could not say, said once it is back
             try:  # from here on the shutdown below always runs: the shielded pipeline needs it to end
                 if self.announcer is not None:
                     await self.announcer.attach(p.surface.notice)
-                await self.device.run(on_mic, AudioChanges(log=p.log, surface=p.surface, agent=p.agent,
-                                                           transcript=self.transcript, restart_echo=self._restart_echo))
+                await self.device.run(on_mic, audio_changes)
             finally:
                 with anyio.CancelScope(shield=True):
                     # All of it within shutdown_s: a share is kept for cutting the pipeline short.

@@ -34,12 +34,17 @@ last sample was handed over, computed from that latency.
 Once a unit is settled (`wait_delivered` returns) or stopped, its sentences
 and where they played go to `on_sentences` as `speech/sentence` bodies, one
 per sentence (the word timings of `voice show`).
+
+From `lose()` (the speaker went) until `found()`, a notice is not spoken
+into a dead device: it is kept (`unsaid`), whole, for voice.speech.audio_loss
+to say once the speaker is back or to write down after the idle gap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -115,6 +120,14 @@ class _Unit:
         return self.stream.text
 
 
+@dataclass(frozen=True)
+class Unsaid:
+    """A notice the lost speaker could not say (a completion phrase, a timer)."""
+
+    text: str
+    at_wall: float  # when it was kept (time.time: a replay's virtual clock)
+
+
 @dataclass
 class VoiceSurface:
     buffer: PlaybackBuffer
@@ -129,7 +142,10 @@ class VoiceSurface:
     tracks_playback: bool = True
     answers_questions: bool = True  # the session routes the person's next words to a question (approvals)
     keep: int | None = 64  # units held, the newest (see the module docstring)
+    speaker_lost: bool = False  # from lose() to found(): notices are kept, not said
+    unsaid: list[Unsaid] = field(default_factory=list)  # kept meanwhile, oldest first
     _units: dict[UnitRef, _Unit] = field(default_factory=dict)
+    _unsaid_changed: anyio.Event | None = None  # set at the next notice kept, or at found()
     _notices: int = 0
     _changed: anyio.Event | None = None  # set (and dropped) at the next change of what plays
     _loop: asyncio.AbstractEventLoop | None = None
@@ -250,7 +266,30 @@ class VoiceSurface:
         self.buffer.request_clear()
         for unit in lost:
             self._hand_on_sentences(unit)
+        self.speaker_lost = True
         self._notify()
+
+    def found(self) -> None:
+        """The speaker is back: notices are said again (and those kept meanwhile are due)."""
+        self.speaker_lost = False
+        self._unsaid_wake()
+
+    def unsaid_changed(self) -> anyio.Event:
+        """The event set at the next notice kept, or when the speaker is back (armed before looking)."""
+        if self._unsaid_changed is None:
+            self._unsaid_changed = anyio.Event()
+        return self._unsaid_changed
+
+    def take_unsaid(self, older_than: float | None = None) -> list[Unsaid]:
+        """The notices kept (those kept before `older_than`, a time.time()), no longer kept."""
+        taken = [u for u in self.unsaid if older_than is None or u.at_wall <= older_than]
+        self.unsaid = [u for u in self.unsaid if u not in taken]
+        return taken
+
+    def _unsaid_wake(self) -> None:
+        changed, self._unsaid_changed = self._unsaid_changed, None
+        if changed is not None:
+            changed.set()
 
     def _heard_when_stopped(self, unit: _Unit, key) -> int:
         """A stopped unit's samples heard: after `stop()` what was handed
@@ -262,7 +301,12 @@ class VoiceSurface:
 
     async def notice(self, text: str) -> None:
         """The assistant's own message (a timer, an error): written whole to
-        the transcript, and its speakable head said aloud."""
+        the transcript, and its speakable head said aloud. While the speaker
+        is lost it is kept instead (`unsaid`), for when it is back."""
+        if self.speaker_lost:
+            self.unsaid.append(Unsaid(text, time.time()))
+            self._unsaid_wake()
+            return
         self.on_notice(text)
         spoken = spoken_notice(text)
         if not spoken:

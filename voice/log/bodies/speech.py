@@ -110,6 +110,19 @@ class DeviceBack(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpeechOwed(Body):
+    """A notice the lost speaker could not say (the phrase announcing a
+    tool's outcome, a timer), delivered: said aloud once audio was back, or
+    only written in the transcript once the conversation's idle gap had
+    passed (voice.speech.audio_loss)."""
+
+    TYPE = "speech/owed"
+    text: str
+    said: str  # "aloud" | "notice"
+    waited_s: float  # from when it could not be said
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListenSpeech(Body):
     """One stretch of speech the VAD heard (mic positions), written when it ended."""
 

@@ -1,0 +1,176 @@
+"""#36 point 3: a reply cut by a vanished speaker, while a tool it
+dispatched still runs. The person did not ask to stop: the call runs to its
+receipt (its real outcome, never `unknown` because of the loss), and the
+phrase that announces the outcome is said once audio is back, or, after the
+conversation's idle gap, only written down as a notice. A barge-in still
+stops everything.
+
+In the pipeline (tests/timeline.py): the replay device loses its sound card
+as a scenario's `[[audio_lost]]` says, told to the session as the live
+device tells it (AudioLost, AudioBack).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import anyio
+import numpy as np
+
+from timeline import Timeline, at, default_config, run_timeline
+from voice.agent.effects import effects
+from voice.agent.tools.base import Receipt, Tool, ToolContext, ToolOutcome
+from voice.audio.replay_device import AudioLoss
+from voice.log import events as ev
+from voice.log.projections import derive_messages, turn_reply
+from voice.log.store import EventStore
+
+ASK = at(0.5, "add_note.wav", "Save a note that says buy milk.")
+SAY_FIRST = "Let me save that for you right now, it takes a moment."
+COMPLETION = "Done, I saved your note about milk."
+TOOL_S = 4.0
+
+
+def slow_note(tmp_path) -> Tool:
+    """A write that takes `TOOL_S` and really writes its note (a file): the
+    receipt says what is there."""
+    notes = tmp_path / "notes.txt"
+
+    async def run(args: dict, ctx: ToolContext) -> ToolOutcome:
+        await anyio.sleep(TOOL_S)
+        with notes.open("a") as f:
+            f.write(args["text"] + "\n")
+        return ToolOutcome({"saved": True}, Receipt("confirmed", {"file": str(notes)}))
+
+    return Tool("save_note_slowly", "saves a note, slowly", {"type": "object"}, "write", run)
+
+
+def replies() -> list[dict]:
+    return [{"text": SAY_FIRST, "chunk_delay_ms": 20,
+             "tool_calls": [{"name": "save_note_slowly", "arguments": {"text": "buy milk"}}],
+             "text_after_tools": COMPLETION}]
+
+
+def with_gap(gap_s: float) -> dict:
+    config = copy.deepcopy(default_config())
+    config["conversation"]["idle_gap_s"] = gap_s
+    return config
+
+
+def logged(tmp_path) -> list[ev.Event]:
+    """Every event of the log, in every conversation (the idle gap may end the first)."""
+    store = EventStore(tmp_path / "events.db")
+    try:
+        return store.events()
+    finally:
+        store.close()
+
+
+def one(events: list[ev.Event], type_: str) -> ev.Event:
+    found = [e for e in events if e.type == type_]
+    assert len(found) == 1, (type_, found)
+    return found[0]
+
+
+def phrase_played(outcome, start: int = 0, end: int | None = None) -> bool:
+    """Whether a word of the completion phrase played between these speaker positions."""
+    codes = [code for code, w in outcome.tts.words.items() if w.text == COMPLETION]
+    return bool(codes) and bool(np.isin(outcome.played[start:end], codes).any())
+
+
+def effect_of(tmp_path):
+    store = EventStore(tmp_path / "events.db")
+    try:
+        return effects(store)
+    finally:
+        store.close()
+
+
+def check_the_cut_and_the_receipt(outcome, tmp_path) -> None:
+    """What both variants share: the reply cut as heard, no stop, the call's real receipt."""
+    events = logged(tmp_path)
+    lost, end = one(events, ev.AUDIO_LOST), one(events, ev.TURN_END)
+    assert end.body.outcome == ev.INTERRUPTED and end.body.reason == ev.AUDIO_LOST_REASON, end
+    assert not [e for e in events if e.type == ev.USER_STOP] and one(events, ev.TURN_START)
+    # The call ran to its receipt after the loss: confirmed, its result ok, the note is there.
+    receipt, result = one(events, ev.EFFECT_RECEIPT), one(events, ev.TOOL_RESULT)
+    assert receipt.seq > lost.seq and receipt.body.state == ev.CONFIRMED, receipt
+    assert result.body.status == "ok" and result.body.receipt == ev.CONFIRMED, result
+    assert end.seq > receipt.seq  # the turn ended once the call had its result
+    (effect,) = effect_of(tmp_path)
+    assert effect.outcome == ev.CONFIRMED
+    assert (tmp_path / "notes.txt").read_text() == "buy milk\n"
+    # The cut reply delivers what had played before the loss, no more.
+    store = EventStore(tmp_path / "events.db")
+    try:
+        reply = turn_reply(store, end.conversation, end.turn)
+        history = json.dumps(derive_messages(store, end.conversation))
+    finally:
+        store.close()
+    assert reply.interrupted and reply.delivered_text and SAY_FIRST.startswith(reply.delivered_text), reply
+    assert reply.delivered_text != SAY_FIRST
+    # The phrase is kept for the record, never history.
+    (unsaid,) = [e for e in events if e.type == ev.ASSISTANT_ATTEMPT and e.body.reason == "unsaid"]
+    assert unsaid.body.content == [{"type": "text", "text": COMPLETION}] and unsaid.body.receipts == [ev.CONFIRMED]
+    assert COMPLETION not in history and SAY_FIRST not in history and reply.delivered_text in history
+
+
+def test_a_tool_dispatched_before_the_speaker_went_runs_to_its_receipt_and_is_announced_when_audio_is_back(tmp_path):
+    outcome = run_timeline(Timeline(clips=[ASK], replies=replies(), tools=[slow_note(tmp_path)],
+                                    losses=(AudioLoss(at_s=3.6, back_after_s=6.0),)), tmp_path)
+    check_the_cut_and_the_receipt(outcome, tmp_path)
+    events = logged(tmp_path)
+    back, owed = one(events, ev.AUDIO_BACK), one(events, ev.SPEECH_OWED)
+    assert owed.seq > back.seq and owed.body.said == ev.OWED_ALOUD and owed.body.text == COMPLETION, owed
+    assert owed.body.waited_s > 0
+    # Said aloud after the back, not before: its words are in what the speaker played from then on.
+    assert not phrase_played(outcome, 0, outcome.position(back)) and phrase_played(outcome, outcome.position(back))
+    lines = outcome.transcript
+    said = lines.index(f"notice: {COMPLETION}")
+    assert said > next(i for i, line in enumerate(lines) if line.startswith("notice: audio is back")), lines
+
+
+def test_past_the_idle_gap_the_announcement_is_a_notice_and_is_not_spoken(tmp_path):
+    outcome = run_timeline(Timeline(clips=[ASK], replies=replies(), tools=[slow_note(tmp_path)],
+                                    losses=(AudioLoss(at_s=3.6, back_after_s=25.0),)), tmp_path, with_gap(10.0))
+    check_the_cut_and_the_receipt(outcome, tmp_path)
+    events = logged(tmp_path)
+    back, owed = one(events, ev.AUDIO_BACK), one(events, ev.SPEECH_OWED)
+    assert owed.seq < back.seq and owed.body.said == ev.OWED_NOTICE and owed.body.waited_s >= 10.0, owed
+    assert not phrase_played(outcome)  # never spoken, before or after the back
+    notes = [line for line in outcome.transcript if COMPLETION in line]
+    assert notes == [f"notice: {COMPLETION} (not said: the audio device was lost)"], outcome.transcript
+
+
+def test_a_stop_while_the_speaker_is_away_still_stops_the_call_at_once(tmp_path):
+    """`voice ctl cancel` (the person's stop) while the call runs on after the
+    loss: the barge-in protocol, as ever: the call is cancelled, its effect
+    unknown, the turn aborted, and nothing is owed."""
+    async def cancel_while_lost(session) -> None:
+        while session.device.audio_lost() is None:
+            await anyio.sleep(0.02)
+        await anyio.sleep(1.0)
+        assert session.agent.busy  # the call runs on, the speaker gone
+        assert await session.cancel()
+
+    outcome = run_timeline(Timeline(clips=[ASK], replies=replies(), tools=[slow_note(tmp_path)], during=cancel_while_lost,
+                                    losses=(AudioLoss(at_s=3.6, back_after_s=6.0),)), tmp_path)
+    events = logged(tmp_path)
+    end, receipt = one(events, ev.TURN_END), one(events, ev.EFFECT_RECEIPT)
+    assert end.body.outcome == ev.ABORTED and receipt.body.state == ev.UNKNOWN, (end, receipt)
+    assert not (tmp_path / "notes.txt").exists()
+    assert not [e for e in events if e.type == ev.SPEECH_OWED] and not phrase_played(outcome)
+
+
+def test_back_before_the_call_ends_the_announcement_is_said_as_it_comes(tmp_path):
+    """The speaker is back while the call still runs: the turn was cut at the
+    loss all the same, and the phrase is said as soon as the receipt is in."""
+    outcome = run_timeline(Timeline(clips=[ASK], replies=replies(), tools=[slow_note(tmp_path)],
+                                    losses=(AudioLoss(at_s=3.6, back_after_s=1.0),)), tmp_path)
+    check_the_cut_and_the_receipt(outcome, tmp_path)
+    events = logged(tmp_path)
+    back, receipt = one(events, ev.AUDIO_BACK), one(events, ev.EFFECT_RECEIPT)
+    assert back.seq < receipt.seq
+    assert not phrase_played(outcome, 0, outcome.position(receipt)) and phrase_played(outcome, outcome.position(receipt))
+    assert f"notice: {COMPLETION}" in outcome.transcript
