@@ -1,4 +1,4 @@
-"""Issue #36 (b) and (c): the microphone and speaker change
+"""Issue #36 (b), (c) and pinned devices: the microphone and speaker change
 under a running `voice run`, on the tests' private PipeWire
 (tests/live/audio_server.py), and the person is still heard and answered.
 
@@ -8,12 +8,16 @@ under a running `voice run`, on the tests' private PipeWire
   speaker, and nothing more plays on the old one;
 - (c) the microphone's source removed and added again (the only microphone,
   a USB one, unplugged and plugged back in): once it is back the next
-  request is answered.
+  request is answered;
+- a device pinned with `[audio] input`/`output` that goes away: the service
+  falls back to the default devices with one notice, and returns to the
+  pinned one when it is back.
 
 (b) and (c) are the audio server's work: the service opens ALSA's `default`
 (PipeWire's ALSA plugin), and WirePlumber moves such a stream when the
 default changes or its device goes, with no gap the service could see (0.2
-s from `pactl set-default-*` to the streams on the new pair).
+s from `pactl set-default-*` to the streams on the new pair). A pinned
+device is the service's: it is an ALSA device that PortAudio lists, or not.
 
 Its own module: the devices it adds and removes are the module's server's.
 """
@@ -24,6 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from voice.log import events as ev
 
 from .audio_server import AudioServer
 from .conversation import AUDIO, LiveDaemon, first_loud
@@ -69,6 +75,10 @@ def on(audio: AudioServer, speaker: str, mic: str) -> bool:
     test's own recorders record monitors only)."""
     played, recorded = audio.connections()
     return played == [speaker] and mic in recorded
+
+
+def noticed(daemon: LiveDaemon, what: str) -> bool:
+    return any(line.startswith(f"notice: the pinned audio device {what}") for line in daemon.out)
 
 
 def test_default_devices_switched_mid_conversation_are_followed(audio: AudioServer, tmp_path):
@@ -125,3 +135,68 @@ def test_the_microphone_removed_and_added_again_is_heard_again(audio: AudioServe
     assert rc == 0, log
     assert first_loud(speaker.samples()) is not None, "the answer was not played on the speaker"
     print(f"microphone removed for 3 s: the service's capture on it again {back_after:.2f} s after it came back")
+
+
+HEADSET = """pcm.headset {
+    type pipewire
+    playback_node "speaker2"
+    capture_node "mic2"
+    hint { show on description "A headset" }
+}
+"""
+
+
+def test_a_pinned_device_that_goes_falls_back_to_the_default_and_returns(audio: AudioServer, tmp_path):
+    """`[audio] input`/`output` pin a headset (an ALSA device, as a USB
+    headset's is); it is unplugged (its sound nodes and its ALSA device go):
+    one notice, the next request is heard and answered on the default
+    devices; plugged in again: one notice, the next request is heard and
+    answered on the headset again."""
+    asoundrc = tmp_path / "config" / "alsa" / "asoundrc"  # the daemon's XDG_CONFIG_HOME: ALSA reads it
+    asoundrc.parent.mkdir(parents=True)
+    pair = audio.add_pair("2")
+    asoundrc.write_text(HEADSET)
+    speaker, headset = audio.record("speaker.monitor"), audio.record("speaker2.monitor")
+    headset_again = None
+    daemon = LiveDaemon(tmp_path, audio, script(tmp_path), config='[audio]\ninput = "headset"\noutput = "headset"\n')
+    try:
+        daemon.wait_listening()
+        answered(audio, daemon, "micfeed2")
+        headset.stop()
+        on_default_from = len(speaker)
+        unplugged_at = time.monotonic()
+        audio.remove_modules(pair)  # unplugged
+        pair = []
+        asoundrc.write_text("")
+        gone_after = seconds_until(daemon, lambda: noticed(daemon, "is gone"), "the notice that the headset is gone",
+                                   unplugged_at)
+        answered(audio, daemon, "micfeed")
+        plugged_at = time.monotonic()
+        pair = audio.add_pair("2")  # plugged in again
+        headset_again = audio.record("speaker2.monitor")
+        asoundrc.write_text(HEADSET)
+        back_after = seconds_until(daemon, lambda: noticed(daemon, "is back"), "the notice that the headset is back",
+                                   plugged_at)
+        on_headset_from = len(speaker)
+        answered(audio, daemon, "micfeed2")
+    finally:
+        for recorder in (speaker, headset, headset_again):
+            if recorder is not None:
+                recorder.stop()
+        rc = daemon.stop()
+        audio.remove_modules(pair)
+    log = daemon.log()
+    assert rc == 0, log
+    assert len(daemon.replies()) == 3, log
+    assert "mic 'headset'" in log and "speaker 'headset'" in log, log
+    heard = speaker.samples()
+    assert first_loud(headset.samples()) is not None, "the first answer was not played on the headset"
+    assert first_loud(heard[:on_default_from]) is None, "the first answer was played on the default speaker"
+    assert first_loud(heard[on_default_from:on_headset_from]) is not None, "the second answer was not on the default"
+    assert first_loud(headset_again.samples()) is not None, "the third answer was not played on the headset"
+    assert first_loud(heard, on_headset_from) is None, "the third answer was played on the default speaker"
+    assert len([line for line in daemon.out if line.startswith("notice: the pinned audio device")]) == 2, log
+    pinned = [e.body.present for e in daemon.events() if e.type == ev.AUDIO_PINNED]
+    assert pinned == [False, True], log
+    print(f"pinned headset: unplugged, on the defaults {gone_after:.2f} s later; plugged in, on it again "
+          f"{back_after:.2f} s later")

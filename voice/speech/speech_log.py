@@ -27,8 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.agent.surface import UnitRef
-from voice.audio.device import AudioBack, AudioLost
-from voice.log.events import AudioClock, Body, DeviceBack, DeviceLost, ListenControl, SpeechSentence, UserStop
+from voice.audio.device import AudioBack, AudioLost, PinnedChange
+from voice.log.events import (AudioClock, Body, DeviceBack, DeviceLost, DevicePinned, ListenControl, SpeechSentence,
+                               UserStop)
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -87,3 +88,8 @@ class SpeechLog:
     def audio_back(self, change: AudioBack) -> None:
         self.store.record(self._conversation(), DeviceBack(devices=change.devices, after_s=round(change.after_s, 3),
                                                            attempts=change.attempts), turn=None)
+
+    def audio_pinned(self, change: PinnedChange) -> None:
+        """audio/pinned: a pinned device gone (the defaults in use) or back."""
+        self.store.record(self._conversation(), DevicePinned(pinned=change.pinned, devices=change.devices,
+                                                             present=change.present), turn=None)

@@ -110,6 +110,17 @@ class DeviceBack(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DevicePinned(Body):
+    """A device pinned in the config went away (the default devices are used
+    meanwhile: `present` false) or is in use again (`present` true)."""
+
+    TYPE = "audio/pinned"
+    pinned: str  # the pinned devices, as the config names them
+    devices: str  # the devices now in use
+    present: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListenSpeech(Body):
     """One stretch of speech the VAD heard (mic positions), written when it ended."""
 
