@@ -622,6 +622,73 @@ async def test_a_stream_that_stops_calling_is_lost_within_a_second_then_reopened
 
 
 @pytest.mark.anyio
+async def test_a_pinned_card_unplugged_falls_back_to_the_default_and_returns_when_plugged_in(fake_sd, monkeypatch):
+    """A pinned USB card unplugged: its stream stops, and once PortAudio is
+    re-initialised it is not listed: the default devices are opened, told
+    once; plugged in (the system's sound devices change, and it is listed
+    again): the pinned one is opened again, told once, with no loss."""
+    from voice.audio import live
+    from voice.audio.device import PinnedChange
+
+    sd = fake_sd(16000.0, 16000.0, blocks=[20, 100000])
+    plugged = {"yes": True}
+    listed = sd.module.query_devices
+
+    def query_devices(device=None, kind=None):
+        if device == "USB" and not plugged["yes"]:
+            raise ValueError("No input device matching 'USB'")
+        return listed(device, kind)
+
+    sd.module.query_devices = query_devices
+    monkeypatch.setattr(live, "sound_devices", lambda: plugged["yes"])
+    monkeypatch.setattr(live, "DEVICES_CHECK_S", 0.05)
+    dev = LiveDevice("USB", "USB")
+    plugged["yes"] = False  # unplugged after the start (one missing at start is an error)
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    def until(told: list) -> bool:
+        if kinds(told) == ["AudioLost", "PinnedChange", "AudioBack"]:
+            plugged["yes"] = True
+        return len(told) == 4
+
+    told = await run_telling(dev, on_mic, until)
+    assert kinds(told) == ["AudioLost", "PinnedChange", "AudioBack", "PinnedChange"], told
+    gone, back = told[1], told[3]
+    assert isinstance(gone, PinnedChange) and not gone.present and gone.pinned == "mic 'USB' and speaker 'USB'"
+    assert isinstance(back, PinnedChange) and back.present and "fake input USB" in back.devices, back
+    assert [s.device for s in sd.of_kind("duplex")] == [("USB", "USB"), (None, None), ("USB", "USB")]
+    assert sd.terminated == sd.initialized == 2  # a fresh device list before each reopening
+
+
+@pytest.mark.anyio
+async def test_a_pinned_card_listed_but_busy_after_a_loss_falls_back_to_the_default_not_deaf(fake_sd):
+    """A pinned card plugged back in that the audio server holds: PortAudio
+    lists it, but it will not open: the default devices are used, not a
+    service retrying a busy card for ever."""
+    sd = fake_sd(16000.0, 16000.0, blocks=[20, 100000])
+    stream = sd.module.Stream
+
+    def opening(**kw):
+        if kw["device"] == ("USB", "USB") and sd.streams:  # the first opening worked
+            raise FakePortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
+        return stream(**kw)
+
+    sd.module.Stream = opening
+    dev = LiveDevice("USB", "USB")
+    mic: list[bytes] = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        mic.append(data)
+
+    told = await run_telling(dev, on_mic, lambda told: len(told) == 3 and len(mic) > 40)
+    assert kinds(told) == ["AudioLost", "PinnedChange", "AudioBack"], told
+    assert not told[1].present
+    assert [s.device for s in sd.of_kind("duplex")] == [("USB", "USB"), (None, None)]
+
+
+@pytest.mark.anyio
 async def test_a_stream_that_ends_on_its_own_is_lost(fake_sd):
     sd = fake_sd(16000.0, 16000.0, blocks=[5, 1000], ends=True)
     dev = LiveDevice()

@@ -77,6 +77,7 @@ class AudioServer:
 
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="voice-audio-")))
     procs: list[subprocess.Popen] = field(default_factory=list)
+    mic_module: str = ""  # the module of `mic`: unloading it unplugs the microphone
 
     @property
     def run_dir(self) -> Path:
@@ -152,13 +153,54 @@ class AudioServer:
         self._wait(lambda: self.pactl("info", check=False).returncode == 0, "pipewire-pulse")
         self.pactl("load-module", "module-null-sink", "sink_name=speaker", "channel_map=mono")
         self.pactl("load-module", "module-null-sink", "sink_name=micfeed", "channel_map=mono")
-        self.pactl("load-module", "module-remap-source", "source_name=mic", "master=micfeed.monitor",
-                   "channel_map=mono")
+        self.mic_module = self.add_mic()
         # wireplumber may not have picked the nodes up yet: retry until the defaults stick
         self._wait(lambda: self.pactl("set-default-sink", "speaker", check=False).returncode == 0, "the speaker")
         self._wait(lambda: self.pactl("set-default-source", "mic", check=False).returncode == 0, "the mic")
         self._wait(lambda: "Default Source: mic" in self.pactl("info").stdout
                    and "Default Sink: speaker" in self.pactl("info").stdout, "the default devices")
+
+    def add_pair(self, suffix: str) -> list[str]:
+        """A second speaker and microphone, as a headset plugged in:
+        `speaker{suffix}` and `mic{suffix}`, fed through `micfeed{suffix}`.
+        Returns the modules' ids (`remove_modules` unplugs it)."""
+        modules = [self.pactl("load-module", "module-null-sink", f"sink_name=speaker{suffix}",
+                              "channel_map=mono").stdout.strip(),
+                   self.pactl("load-module", "module-null-sink", f"sink_name=micfeed{suffix}",
+                              "channel_map=mono").stdout.strip()]
+        modules.append(self.add_mic(suffix))
+        return modules
+
+    def add_mic(self, suffix: str = "") -> str:
+        """The microphone `mic{suffix}` (a remap of `micfeed{suffix}.monitor`);
+        its module's id."""
+        module = self.pactl("load-module", "module-remap-source", f"source_name=mic{suffix}",
+                            f"master=micfeed{suffix}.monitor", "channel_map=mono").stdout.strip()
+        self._wait(lambda: f"mic{suffix}\t" in self.pactl("list", "short", "sources").stdout, f"mic{suffix}")
+        return module
+
+    def remove_modules(self, modules: list[str]) -> None:
+        for module in reversed(modules):
+            self.pactl("unload-module", module)
+
+    def set_defaults(self, sink: str, source: str) -> None:
+        self.pactl("set-default-sink", sink)
+        self.pactl("set-default-source", source)
+        self._wait(lambda: f"Default Source: {source}\n" in self.pactl("info").stdout
+                   and f"Default Sink: {sink}\n" in self.pactl("info").stdout, "the default devices")
+
+    def connections(self) -> tuple[list[str], list[str]]:
+        """The sinks our clients play to and the sources they record from,
+        by name, as the server has them now (the test's own parecord included)."""
+        def names(kind: str) -> dict[str, str]:
+            return {f[0]: f[1] for f in (line.split("\t") for line in self.pactl("list", "short", kind).stdout
+                                         .splitlines())}
+        sinks, sources = names("sinks"), names("sources")
+        played = [sinks.get(line.split("\t")[1], "?")
+                  for line in self.pactl("list", "short", "sink-inputs").stdout.splitlines()]
+        recorded = [sources.get(line.split("\t")[1], "?")
+                    for line in self.pactl("list", "short", "source-outputs").stdout.splitlines()]
+        return played, recorded
 
     def stop(self) -> None:
         """End the processes this instance started (each in its own session)."""
@@ -238,7 +280,9 @@ class Recorder:
 
     def start(self) -> Recorder:
         self._proc = subprocess.Popen(
-            ["parecord", "-d", self.source, "--raw", f"--rate={self.rate}", "--channels=1", "--format=s16le",
+            # dont-reconnect: WirePlumber would move it after the default devices (tests that switch them)
+            ["parecord", "-d", self.source, "--property=node.dont-reconnect=true", "--raw", f"--rate={self.rate}",
+             "--channels=1", "--format=s16le",
              f"--latency-msec={self.latency_ms}"],
             env=self.server.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._thread = threading.Thread(target=self._read, daemon=True)

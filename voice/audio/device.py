@@ -44,8 +44,19 @@ class AudioBack:
     attempts: int
 
 
+@dataclass(frozen=True)
+class PinnedChange:
+    """A device pinned in the config (`[audio] input`/`output`) went away
+    and the system's default devices are used instead (`present` False), or
+    it is there again and in use (`present` True)."""
+
+    pinned: str  # the pinned devices, as the config names them
+    devices: str  # describe() of what is in use now
+    present: bool
+
+
 # Told (on the event loop) when the audio comes and goes; a replay never loses it.
-OnAudio = Callable[[AudioLost | AudioBack], None]
+OnAudio = Callable[[AudioLost | AudioBack | PinnedChange], None]
 
 
 class AudioDevice(Protocol):

@@ -26,11 +26,12 @@ import anyio
 import numpy as np
 import soxr
 
-from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic
+from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic, PinnedChange
 from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
 from voice.audio.stream_life import (
     CHECK_S,
+    DEVICES_CHECK_S,
     Backoff,
     StreamWatch,
     audio_server_sockets,
@@ -38,6 +39,7 @@ from voice.audio.stream_life import (
     forget_wedged,
     refresh_portaudio,
     server_changed_within,
+    sound_devices,
 )
 
 
@@ -77,6 +79,14 @@ class LiveDevice:
     _lost: dict | None = None
     _wedged: list = field(default_factory=list)
     _ever_opened: bool = False
+    # Pinned devices that went away ("input", "output"): the system's default is used for each until
+    # it is listed again (looked for when the sound devices change: voice.audio.stream_life.sound_devices).
+    _gone: frozenset[str] = frozenset()
+    _told_gone: frozenset[str] = frozenset()
+    # Pinned devices listed but that would not open (busy: the audio server holds a card just plugged
+    # in): the default meanwhile, until the sound devices or the audio server change.
+    _unopenable: frozenset[str] = frozenset()
+    _heard_to: int = 0  # the speaker position when the streams were closed for a change of devices
 
     def __post_init__(self) -> None:
         # Held silence and the block that ends it leave as one block: it must stay a block a
@@ -116,8 +126,9 @@ class LiveDevice:
         """The devices' names and rates, from PortAudio's list. Once the
         playback buffer exists the speaker keeps its rate (the pipeline's):
         a reopened one is opened at it."""
-        ins = sd.query_devices(self.input_device, "input")
-        outs = sd.query_devices(self.output_device, "output")
+        mic, speaker = self._in_use()
+        ins = sd.query_devices(mic, "input")
+        outs = sd.query_devices(speaker, "output")
         self._in_rate = int(ins["default_samplerate"])
         if not hasattr(self, "buffer"):
             self._out_rate = int(outs["default_samplerate"])
@@ -159,6 +170,10 @@ class LiveDevice:
                         refresh_portaudio(sd, self._wedged)  # one made while the server was away is empty)
                     watch, receive, deliver = self._open(sd, streams, first=self._lost is None and not self._ever_opened)
                 except (sd.PortAudioError, ValueError, AudioUnavailable) as exc:
+                    if self._ever_opened and isinstance(exc, sd.PortAudioError):
+                        self._unopenable = self._pinned_in_use()
+                    if self._lost is None and self._ever_opened:  # reopened after the sound devices changed
+                        self._lose(f"the audio devices changed and would not open again ({exc})", self._heard_to, tell)
                     if self._lost is None:
                         if not self.wait_for_audio or self._ever_opened:
                             raise
@@ -170,9 +185,11 @@ class LiveDevice:
                     # the audio server's sockets coming (back) is worth a try at once, and quick ones after it
                     if await server_changed_within(backoff.next(), server):
                         backoff = Backoff()
+                        self._unopenable = frozenset()  # a new server: a pinned device may open now
                     server = audio_server_sockets()
                     continue
                 self._ever_opened = True
+                self._tell_pinned(tell)
                 await self._stream(watch, receive, deliver, on_mic, tell)
             finally:
                 if watch is not None:
@@ -185,6 +202,9 @@ class LiveDevice:
                           "PortAudio #1037): its thread is left at idle priority and PortAudio's messages are "
                           "silenced; restart the service to free it", file=sys.stderr, flush=True)
                 self._last_block = None
+            if self._lost is None:  # not lost: the system's devices changed, and a pinned one may have come or gone
+                refresh_portaudio(sd, self._wedged)
+                continue
             # The streams are lost (a cancellation does not come here): reopen them.
             self.retries += 1
             backoff = Backoff()
@@ -192,7 +212,11 @@ class LiveDevice:
 
     async def _stream(self, watch: StreamWatch, receive, deliver, on_mic: OnMic, tell) -> None:
         """Hand mic blocks on until the streams are lost (told at once, before
-        they are closed)."""
+        they are closed), or, with a device pinned, until the system's sound
+        devices change (the pinned one may have gone or come back: the
+        streams are reopened on what is there)."""
+        devices = sound_devices() if self._pinned() else None
+        devices_checked = time.monotonic()
         async with receive:
             while True:
                 blocks = None
@@ -209,10 +233,58 @@ class LiveDevice:
                 if found is not None:
                     reason, stopped = found
                     heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
-                    if self._lost is None:  # (lost again before it was back: the same loss)
-                        self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None, "at_start": False}
-                        tell(AudioLost(reason, heard_to))
+                    self._lose(reason, heard_to, tell)
                     return
+                if devices is not None and now - devices_checked >= DEVICES_CHECK_S:
+                    devices_checked = now
+                    if sound_devices() != devices:
+                        # nothing more pulled: the reopened streams play on from where these stopped
+                        self._heard_to = watch.lose("the sound devices changed",
+                                                    lambda: self.buffer.position - self._unplayed_at(now))
+                        self._unopenable = frozenset()
+                        return
+
+    def _lose(self, reason: str, heard_to: int, tell) -> None:
+        """The streams are lost: said once (lost again before it was back is the same loss)."""
+        if self._lost is None:
+            self._lost = {"since": time.monotonic(), "reason": reason, "attempts": 0, "error": None, "at_start": False}
+            tell(AudioLost(reason, heard_to))
+
+    def _in_use(self) -> tuple[int | str | None, int | str | None]:
+        """The devices to open: each the pinned one, or the default (None) while it is gone."""
+        return (None if "input" in self._gone else self.input_device,
+                None if "output" in self._gone else self.output_device)
+
+    def _pinned(self) -> bool:
+        return self.input_device is not None or self.output_device is not None
+
+    def _pinned_in_use(self) -> frozenset[str]:
+        pinned = (self.input_device, self.output_device)
+        return frozenset(kind for kind, wanted, used in zip(("input", "output"), pinned, self._in_use())
+                         if wanted is not None and used is not None)
+
+    def _choose_devices(self, sd) -> None:
+        """Each pinned device when PortAudio lists it (and it opened last
+        time), else the system's default."""
+        gone = set(self._unopenable)
+        for kind, pinned in (("input", self.input_device), ("output", self.output_device)):
+            if pinned is None:
+                continue
+            try:
+                sd.query_devices(pinned, kind)
+            except (sd.PortAudioError, ValueError):
+                gone.add(kind)
+        self._gone = frozenset(gone)
+
+    def _tell_pinned(self, tell) -> None:
+        """Once per change: a pinned device gone (the default in its place) or in use again."""
+        if self._gone == self._told_gone:
+            return
+        changed = self._gone ^ self._told_gone
+        self._told_gone = self._gone
+        names = {"input": ("mic", self.input_device), "output": ("speaker", self.output_device)}
+        pinned = " and ".join(f"{names[kind][0]} {names[kind][1]!r}" for kind in ("input", "output") if kind in changed)
+        tell(PinnedChange(pinned, self.describe(), present=not (changed & self._gone)))
 
     def _unplayed_at(self, t: float) -> int:
         """Samples handed to the device and not out of it at time `t`."""
@@ -227,6 +299,7 @@ class LiveDevice:
         receiving end and how to hand a list of them on."""
         loop = asyncio.get_running_loop()
         if not first:  # a reopening: the devices as the system has them now, at the speaker's rate
+            self._choose_devices(sd)
             self._query(sd)
         send, receive = anyio.create_memory_object_stream[list[np.ndarray]](64)
         hold = (SilenceHold(self._in_rate, self._out_rate, floor_dbfs=self.hold_floor_dbfs,
@@ -309,14 +382,15 @@ class LiveDevice:
         at one rate, else an input and an output stream. Returns how to read
         the output latency."""
         common = dict(channels=1, dtype="int16", finished_callback=ended)
+        mic, speaker = self._in_use()
         if self._in_rate == self._out_rate:
             streams.append(sd.Stream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
-                                     device=(self.input_device, self.output_device), callback=on_duplex, **common))
+                                     device=(mic, speaker), callback=on_duplex, **common))
             return lambda: streams[0].latency[1]
         streams.append(sd.InputStream(samplerate=self._in_rate, blocksize=self._in_rate * self.block_ms // 1000,
-                                      device=self.input_device, callback=on_input, **common))
+                                      device=mic, callback=on_input, **common))
         streams.append(sd.OutputStream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
-                                       device=self.output_device, callback=on_output, **common))
+                                       device=speaker, callback=on_output, **common))
         return lambda: streams[1].latency
 
 

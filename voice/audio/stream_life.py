@@ -62,6 +62,7 @@ CLOSE_BOUND_S = 1.0  # a stream that has not closed by then is wedged (see above
 BACKOFF_FIRST_S = 0.2  # the first retry after a loss; each failed one doubles it,
 BACKOFF_MAX_S = 5.0  # up to this, for as long as it takes
 SOCKET_CHECK_S = 0.1  # while waiting, the audio server's sockets are looked at this often (a stat each)
+DEVICES_CHECK_S = 1.0  # with a device pinned, the system's sound devices are looked at this often (a few stats)
 
 
 @dataclass
@@ -241,3 +242,27 @@ async def server_changed_within(seconds: float, before: tuple) -> bool:
         if audio_server_sockets() != before:
             return True
     return False
+
+
+def sound_devices() -> tuple:
+    """What the system's sound devices are now, as far as PortAudio's ALSA
+    list can change, in a few stats (no re-initialisation, which would need
+    our streams closed): the ALSA device nodes (a USB card plugged in or out)
+    and ALSA's configuration (a device defined there). A change is worth a
+    look at PortAudio's list: a pinned device may have gone or come back."""
+    found: list = []
+    try:
+        found.append(tuple(sorted(os.listdir("/dev/snd"))))
+    except OSError:
+        found.append(None)
+    home = os.path.expanduser("~")
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for path in ("/etc/asound.conf", "/etc/alsa/conf.d", "/usr/share/alsa/alsa.conf.d", os.path.join(home, ".asoundrc"),
+                 os.path.join(config, "alsa", "asoundrc")):
+        try:
+            st = os.stat(path)
+        except OSError:
+            found.append(None)
+        else:
+            found.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(found)

@@ -31,9 +31,9 @@ from typing import Any, Final
 # The bodies live by family in voice.log.bodies; this module is the one to import them from.
 from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAIToolCall, Route, TimedDelta, blocks_text,
                                    optional)
-from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, LateOutput, ListenControl, ListenSpeech,
-                                     ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed, SpeechPaused,
-                                     SpeechOwed, SpeechPlayed, SpeechResumed, SpeechSentence)
+from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, DevicePinned, LateOutput, ListenControl,
+                                     ListenSpeech, ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed,
+                                     SpeechOwed, SpeechPaused, SpeechPlayed, SpeechResumed, SpeechSentence)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -98,6 +98,7 @@ AUDIO_CLOCK: Final = AudioClock.TYPE
 AUDIO_LOST: Final = DeviceLost.TYPE
 AUDIO_BACK: Final = DeviceBack.TYPE
 SPEECH_OWED: Final = SpeechOwed.TYPE
+AUDIO_PINNED: Final = DevicePinned.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LISTEN_WINDOW: Final = ListenWindow.TYPE

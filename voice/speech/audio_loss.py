@@ -20,6 +20,10 @@ news that old is not spoken into a room. Each is `speech/owed` in the log.
 
 Back: `audio/back` with the devices and how long it took; the echo
 canceller starts afresh (a new device is a new echo path); a notice.
+
+A device pinned in the config that goes away: the device falls back to the
+system's defaults, and returns to the pinned one once it is there again;
+each is `audio/pinned`, a notice and a fresh echo canceller.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Callable
 import anyio
 
 from voice.agent.loop import AgentLoop
-from voice.audio.device import AudioBack, AudioLost
+from voice.audio.device import AudioBack, AudioLost, PinnedChange
 from voice.log import events as ev
 from voice.speech.speech_log import SpeechLog
 from voice.speech.voice_surface import VoiceSurface
@@ -47,11 +51,13 @@ class AudioChanges:
         self._restart_echo = restart_echo
         self._idle_gap_s = idle_gap_s  # None: what was kept waits for the speaker however long
 
-    def __call__(self, change: AudioLost | AudioBack) -> None:
+    def __call__(self, change: AudioLost | AudioBack | PinnedChange) -> None:
         if isinstance(change, AudioLost):
             self.lost(change)
-        else:
+        elif isinstance(change, AudioBack):
             self.back(change)
+        else:
+            self.pinned(change)
 
     def lost(self, change: AudioLost) -> None:
         self._log.audio_lost(change, self._agent.current_turn)
@@ -93,3 +99,13 @@ class AudioChanges:
                     wait_s = self._surface.unsaid[0].at_wall + self._idle_gap_s - now
             with anyio.move_on_after(wait_s):
                 await changed.wait()
+
+    def pinned(self, change: PinnedChange) -> None:
+        """A pinned device gone (the defaults in use meanwhile) or back: a new echo path either way."""
+        self._restart_echo()
+        self._log.audio_pinned(change)
+        if change.present:
+            self._transcript(f"notice: the pinned audio device is back ({change.pinned}); in use ({change.devices})")
+        else:
+            self._transcript(f"notice: the pinned audio device is gone ({change.pinned}); using the system's default "
+                             f"until it is back ({change.devices})")

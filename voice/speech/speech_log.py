@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.agent.surface import UnitRef
-from voice.audio.device import AudioBack, AudioLost
-from voice.log.events import (AudioClock, Body, DeviceBack, DeviceLost, ListenControl, SpeechOwed, SpeechSentence,
-                              UserStop)
+from voice.audio.device import AudioBack, AudioLost, PinnedChange
+from voice.log.events import (AudioClock, Body, DeviceBack, DeviceLost, DevicePinned, ListenControl, SpeechOwed,
+                              SpeechSentence, UserStop)
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -95,3 +95,7 @@ class SpeechLog:
         """speech/owed: a notice the lost speaker could not say, said aloud now or written down."""
         self.store.record(self._conversation(), SpeechOwed(text=text, said=said, waited_s=round(waited_s, 3)),
                           turn=None)
+    def audio_pinned(self, change: PinnedChange) -> None:
+        """audio/pinned: a pinned device gone (the defaults in use) or back."""
+        self.store.record(self._conversation(), DevicePinned(pinned=change.pinned, devices=change.devices,
+                                                             present=change.present), turn=None)

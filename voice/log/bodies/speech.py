@@ -120,6 +120,14 @@ class SpeechOwed(Body):
     text: str
     said: str  # "aloud" | "notice"
     waited_s: float  # from when it could not be said
+class DevicePinned(Body):
+    """A device pinned in the config went away (the default devices are used
+    meanwhile: `present` false) or is in use again (`present` true)."""
+
+    TYPE = "audio/pinned"
+    pinned: str  # the pinned devices, as the config names them
+    devices: str  # the devices now in use
+    present: bool
 
 
 @dataclass(frozen=True, kw_only=True)
