@@ -95,6 +95,7 @@ class SpeechLog:
         """speech/owed: a notice the lost speaker could not say, said aloud now or written down."""
         self.store.record(self._conversation(), SpeechOwed(text=text, said=said, waited_s=round(waited_s, 3)),
                           turn=None)
+
     def audio_pinned(self, change: PinnedChange) -> None:
         """audio/pinned: a pinned device gone (the defaults in use) or back."""
         self.store.record(self._conversation(), DevicePinned(pinned=change.pinned, devices=change.devices,

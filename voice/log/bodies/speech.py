@@ -120,6 +120,9 @@ class SpeechOwed(Body):
     text: str
     said: str  # "aloud" | "notice"
     waited_s: float  # from when it could not be said
+
+
+@dataclass(frozen=True, kw_only=True)
 class DevicePinned(Body):
     """A device pinned in the config went away (the default devices are used
     meanwhile: `present` false) or is in use again (`present` true)."""
