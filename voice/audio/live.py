@@ -77,6 +77,7 @@ class LiveDevice:
     _lost: dict | None = None
     _wedged: list = field(default_factory=list)
     _ever_opened: bool = False
+    _streaming: tuple | None = None  # (watch, tell) while the streams run: `reopen` loses them
 
     def __post_init__(self) -> None:
         # Held silence and the block that ends it leave as one block: it must stay a block a
@@ -185,16 +186,41 @@ class LiveDevice:
                           "PortAudio #1037): its thread is left at idle priority and PortAudio's messages are "
                           "silenced; restart the service to free it", file=sys.stderr, flush=True)
                 self._last_block = None
+                self._streaming = None
             # The streams are lost (a cancellation does not come here): reopen them.
             self.retries += 1
             backoff = Backoff()
             await anyio.sleep(backoff.next())
 
+    def reopen(self, reason: str) -> None:
+        """Lose the streams now, told as a loss with `reason`, and open them
+        again at once: the computer woke from sleep (voice.agent.sleep_watch),
+        after which they are often dead. Nothing pulls from the lost streams
+        again, so the clear the loss asks of the playback buffer (a reply cut
+        where its sound stopped) is done now (a pull of nothing), not at the
+        reopened streams' first pull: what is queued after it (a timer ringing
+        at resume) plays on them. While they are lost already, nothing: they
+        are being reopened."""
+        if self._streaming is None or self._lost is not None:
+            return
+        watch, tell = self._streaming
+        now = time.monotonic()
+        self._lose(watch, reason, now, now, tell)
+        self.buffer.pull(0)
+
+    def _lose(self, watch: StreamWatch, reason: str, stopped: float, now: float, tell) -> None:
+        """The streams are lost (the sound stopped at `stopped`): told once."""
+        heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
+        if self._lost is None:  # (lost again before it was back: the same loss)
+            self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None, "at_start": False}
+            tell(AudioLost(reason, heard_to))
+
     async def _stream(self, watch: StreamWatch, receive, deliver, on_mic: OnMic, tell) -> None:
         """Hand mic blocks on until the streams are lost (told at once, before
         they are closed)."""
+        self._streaming = (watch, tell)  # (until `run` has closed them)
         async with receive:
-            while True:
+            while watch.lost is None:  # (`reopen` loses them from outside)
                 blocks = None
                 with anyio.move_on_after(CHECK_S):
                     blocks = await receive.receive()
@@ -207,11 +233,7 @@ class LiveDevice:
                 now = time.monotonic()
                 found = watch.check(now)
                 if found is not None:
-                    reason, stopped = found
-                    heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
-                    if self._lost is None:  # (lost again before it was back: the same loss)
-                        self._lost = {"since": now, "reason": reason, "attempts": 0, "error": None, "at_start": False}
-                        tell(AudioLost(reason, heard_to))
+                    self._lose(watch, found[0], found[1], now, tell)
                     return
 
     def _unplayed_at(self, t: float) -> int:

@@ -141,6 +141,9 @@ class ReplayDevice:
     def audio_lost(self) -> None:
         return None  # a scenario's sound card never goes away
 
+    def reopen(self, reason: str) -> None:
+        pass  # a scenario's sound card has no streams to lose in a sleep
+
     def describe(self) -> str:
         return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
 

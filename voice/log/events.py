@@ -33,7 +33,7 @@ from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAITool
                                    optional)
 from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, LateOutput, ListenControl, ListenSpeech,
                                      ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed, SpeechPaused,
-                                     SpeechPlayed, SpeechResumed, SpeechSentence)
+                                     SpeechPlayed, SpeechResumed, SpeechSentence, SystemResumed)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -97,6 +97,7 @@ SPEECH_SENTENCE: Final = SpeechSentence.TYPE
 AUDIO_CLOCK: Final = AudioClock.TYPE
 AUDIO_LOST: Final = DeviceLost.TYPE
 AUDIO_BACK: Final = DeviceBack.TYPE
+SYSTEM_RESUMED: Final = SystemResumed.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LISTEN_WINDOW: Final = ListenWindow.TYPE

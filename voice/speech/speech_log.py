@@ -15,7 +15,9 @@ through this one observer, so the session and its processors write none.
 - `user_stop(...)`: `user/stop`, the person's stop, in its place in the
   turn order (from the turn runner);
 - `audio_lost(change, turn)`, `audio_back(change)`: `audio/lost` and
-  `audio/back`, the sound card going and coming (voice.speech.audio_loss).
+  `audio/back`, the sound card going and coming (voice.speech.audio_loss);
+- `resumed(asleep_s)`: `system/resumed`, the computer woke from sleep
+  (voice.speech.after_sleep).
 
 The conversation is read at each write (the agent's current one: it
 changes when a conversation ends); the mic position likewise.
@@ -28,7 +30,8 @@ from typing import Any
 
 from voice.agent.surface import UnitRef
 from voice.audio.device import AudioBack, AudioLost
-from voice.log.events import AudioClock, Body, DeviceBack, DeviceLost, ListenControl, SpeechSentence, UserStop
+from voice.log.events import (AudioClock, Body, DeviceBack, DeviceLost, ListenControl, SpeechSentence, SystemResumed,
+                               UserStop)
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -87,3 +90,7 @@ class SpeechLog:
     def audio_back(self, change: AudioBack) -> None:
         self.store.record(self._conversation(), DeviceBack(devices=change.devices, after_s=round(change.after_s, 3),
                                                            attempts=change.attempts), turn=None)
+
+    def resumed(self, asleep_s: float) -> None:
+        """system/resumed (no turn)."""
+        self.store.record(self._conversation(), SystemResumed(asleep_s=round(asleep_s, 1)), turn=None)
