@@ -62,6 +62,39 @@ def test_idle_sleep_jumps_virtual_time_not_real_time():
     assert r["patched"] is True
 
 
+def test_a_jump_is_time_awake_and_a_test_s_sleep_file_is_time_asleep(tmp_path):
+    """The boot-time clock moves with the virtual monotonic one (a replay's
+    jumps are no sleep: voice.agent.sleep_watch would take them for one),
+    and with VOICE_TEST_SLEEP_FILE the seconds it holds move the boot-time
+    and wall clocks on, not the monotonic one, as a suspend does."""
+    slept = tmp_path / "slept"
+    r = run_child(
+        f"""
+        from voice.agent.sleep_watch import Clocks
+        from pathlib import Path
+        clocks = Clocks()
+        async def main():
+            before = clocks.asleep()
+            await asyncio.sleep(100)
+            return before, clocks.asleep()
+        before, after = run_on_virtual_clock(main(), clock)
+        clock.uninstall()
+        import os
+        os.environ["VOICE_TEST_SLEEP_FILE"] = "{slept}"
+        from voice.audio.clock import install_test_sleep
+        test = install_test_sleep()
+        m0, t0, a0 = time.monotonic(), time.time(), clocks.asleep()
+        Path("{slept}").write_text("30")
+        a1 = clocks.asleep()  # (the file is read at a reading of the boot-time clock)
+        print(json.dumps(dict(jumped=after - before, asleep=a1 - a0, mono=time.monotonic() - m0,
+                              wall=time.time() - t0)))
+        """
+    )
+    assert abs(r["jumped"]) < 0.05
+    assert r["asleep"] == pytest.approx(30.0, abs=0.05)
+    assert r["mono"] < 1.0 and r["wall"] == pytest.approx(30.0, abs=1.0)
+
+
 def test_executor_work_advances_virtual_time_by_its_real_duration():
     r = run_child(
         """
@@ -145,6 +178,7 @@ def test_uninstall_restores_the_real_clock():
             skewed=skewed,
             restored=time.monotonic is real_mono,
             time_restored=time.time is __import__("voice.audio.clock", fromlist=["x"])._real_time,
+            gettime_restored=time.clock_gettime is __import__("voice.audio.clock", fromlist=["x"])._real_clock_gettime,
             after=time.monotonic() - real_mono(),
             step=time.monotonic() - m0,
             real_step=time.perf_counter() - p0,
@@ -153,7 +187,7 @@ def test_uninstall_restores_the_real_clock():
     )
     assert r["skewed"] >= 99.0  # the offset skipped: 100 s less the real time spent
     assert r["restored"] is True
-    assert r["time_restored"] is True
+    assert r["time_restored"] is True and r["gettime_restored"] is True
     assert abs(r["after"]) < 0.05
     assert r["step"] == pytest.approx(r["real_step"], abs=0.05)
 

@@ -42,6 +42,7 @@ SAMPLES: list[ev.Body] = [
     ev.AudioClock(mic=16000, speaker=48000, speaker_rate=48000, output_latency=960),
     ev.DeviceLost(reason="the duplex stream stopped calling back (336 ms)", speaker=96000),
     ev.DeviceBack(devices="mic 'default' @ 44100 Hz, speaker 'default' @ 44100 Hz", after_s=4.2, attempts=4),
+    ev.SystemResumed(asleep_s=28800.4),
     ev.ListenSpeech(start=16000, end=30000, decided=40000, for_assistant=True),
     ev.ListenWake(position=17000, model="okay_nabu"),
     ev.ListenWindow(position=17500),

@@ -839,3 +839,45 @@ async def test_a_stream_gets_longer_for_its_first_call_but_one_that_never_calls_
     dev = LiveDevice()
     told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
     assert told[0].reason.startswith("the duplex stream never called back ("), told[0]
+
+
+@pytest.mark.anyio
+async def test_reopen_after_a_sleep_is_told_at_once_and_what_is_queued_after_the_cut_plays_on_the_new_streams(fake_sd):
+    """The computer woke (voice.speech.after_sleep): the streams are lost
+    at once, told before `reopen` returns, and opened again; the cut's
+    clear is done then, so a timer queued at resume is not dropped by it."""
+    from voice.audio.device import AudioLost
+
+    sd = fake_sd(16000.0, 16000.0, blocks=[5000, 5000])
+    dev = LiveDevice()
+    reply = np.ones(5000 * 320, np.int16)
+    dev.buffer.enqueue("reply", reply)
+    told: list = []
+
+    def tell(change) -> None:
+        told.append(change)
+        if isinstance(change, AudioLost):
+            dev.buffer.request_clear()  # as the session does (voice.speech.audio_loss): the reply is cut
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dev.run, on_mic, tell)
+        with anyio.fail_after(5):
+            while dev.buffer.handed("reply") < 50 * 320:
+                await anyio.sleep(0.002)
+        dev.reopen("the computer slept for eight hours")
+        assert kinds(told) == ["AudioLost"] and told[0].reason == "the computer slept for eight hours"
+        cut_at = dev.buffer.handed("reply")
+        dev.buffer.enqueue("timer", np.full(3200, 7, np.int16))  # a timer ringing at resume
+        with anyio.fail_after(5):
+            while dev.buffer.handed("timer") < 3200:
+                await anyio.sleep(0.002)
+        tg.cancel_scope.cancel()
+    assert kinds(told) == ["AudioLost", "AudioBack"]
+    assert 50 * 320 <= cut_at == dev.buffer.handed("reply") < len(reply)  # nothing of the reply after the cut
+    first, second = sd.of_kind("duplex")
+    assert first.stopped and first.closed and second.started
+    dev.reopen("again, while no stream runs")  # (the device has ended: nothing to lose)
+    assert len(told) == 2

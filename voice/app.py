@@ -12,6 +12,9 @@ session, an ACP client). Everything behind it is built here, once:
   unknown writes reconciled, nothing re-executed);
 - the tools with their environment, and the timer service, which runs
   inside the `async with` and announces through the announcer;
+- the sleep watch (voice.agent.sleep_watch), which notices the computer
+  waking from sleep and tells the timer service and whoever else listens
+  (a voice session reopens its sound card);
 - the MCP servers of `[mcp.servers]` (voice.agent.mcp), started together
   and offered as tools; one that does not start costs one line and the
   assistant goes on without it; all of them stopped on the way out;
@@ -46,6 +49,7 @@ from voice.agent.mcp.settings import ServerSpec, server_specs
 from voice.agent.providers import Hold, open_provider
 from voice.agent.providers.base import CountsTokens, Provider
 from voice.agent.recovery import recover
+from voice.agent.sleep_watch import SleepWatch
 from voice.agent.surface import Surface
 from voice.agent.timer_service import TimerService
 from voice.agent.tools.base import ToolRegistry
@@ -157,6 +161,7 @@ class App:
     loop_settings: LoopSettings
     mcp: McpServers = field(default_factory=lambda: McpServers([]))
     prepared: Any = None  # what open_app's `before_log` made (a voice session's loaded models)
+    sleep: SleepWatch = field(default_factory=SleepWatch)  # the computer's sleep, noticed on resume
 
     @property
     def approvals(self) -> Approvals:
@@ -212,7 +217,9 @@ async def open_app(settings: Settings, *, db: str | Path | None = None,
         try:
             commands = {name: list(argv) for name, argv in settings.tools.commands.items()}
             announcer = Announcer()
-            timers = TimerService(store, announcer)
+            sleep = SleepWatch()
+            timers = TimerService(store, announcer, sleep=sleep)
+            sleep.on_resume(timers.resumed)
             approvals = Approvals(Grants(grants or config_dir() / "grants.json"),
                                   timeout_s=settings.tools.approval_timeout_s)
             env = ToolEnv(data_dir=data_dir or settings.data_dir, commands=commands,
@@ -223,7 +230,7 @@ async def open_app(settings: Settings, *, db: str | Path | None = None,
                                   approve_commands=settings.tools.approve_commands)
             app = App(settings, store, provider, tools, env, timers, announcer, loop_settings(settings.llm),
                       mcp_servers(server_specs(settings.mcp), store, env.command_env) if mcp else McpServers([]),
-                      prepared)
+                      prepared, sleep)
             env.services.mcp = app.mcp  # (status: each server's state)
             async with anyio.create_task_group() as tg:
                 await tg.start(app.mcp.run)
@@ -244,6 +251,7 @@ async def open_app(settings: Settings, *, db: str | Path | None = None,
                     if report.closed_turns or report.unknown_writes:
                         print(f"recovered: {report.summary()}", file=sys.stderr, flush=True)
                 tg.start_soon(timers.run)
+                tg.start_soon(sleep.run)
                 yield app
                 tg.cancel_scope.cancel()
         finally:

@@ -368,11 +368,13 @@ COMMANDS = {"grants": cmd_grants, "chat": cmd_chat, "effects": cmd_effects, "rep
 
 
 def main(argv: list[str] | None = None) -> int:
+    from voice.audio.clock import install_test_sleep
     from voice.paths import make_files_private
 
     from voice.log.events import DamagedEvent
 
     make_files_private()  # the log, notes, recordings: the user's alone
+    install_test_sleep()  # (tests only: VOICE_TEST_SLEEP_FILE, a simulated sleep; voice.audio.clock)
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -9,8 +9,11 @@ conversation state: one set in a conversation that has since ended still
 rings. The service sleeps until
 the next due time (cancellably) and announces through the surface. A timer
 that came due while the assistant was not running is announced once, as
-late. A timer cancelled before it fires never speaks: its wake-up is late
-output and is only logged.
+late. So is one that came due while the computer was asleep
+(voice.agent.sleep_watch): its wait runs on the monotonic clock, which
+stands still in a suspend, so the resume wakes it (`resumed`), and it
+rings at once, saying how late it is. A timer cancelled before it fires
+never speaks: its wake-up is late output and is only logged.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 from num2words import num2words
 
+from voice.agent.sleep_watch import Resumed, SleepWatch
 from voice.log import events as ev
 from voice.log.late import record_late
 from voice.log.store import EventStore
@@ -66,12 +70,15 @@ class RoutesByConversation(Protocol):
 
 
 class TimerService:
-    def __init__(self, store: EventStore, announce: Callable[[str], Awaitable[None]], clock=time.time):
+    def __init__(self, store: EventStore, announce: Callable[[str], Awaitable[None]], clock=time.time,
+                 sleep: SleepWatch | None = None):
         self.store = store
         self.announce = announce
         self.clock = clock
+        self.sleep = sleep  # asked just before a timer rings: did the computer sleep meanwhile?
         self._wake = anyio.Event()
         self._active: dict[str, Timer] | None = None  # read from the log on first use
+        self._resumed_at: float | None = None  # wall time of the latest resume: timers due by then slept
 
     def _timers(self) -> dict[str, Timer]:
         if self._active is None:
@@ -112,6 +119,12 @@ class TimerService:
         self._wake.set()
         self._wake = anyio.Event()
 
+    def resumed(self, resumed: Resumed) -> None:
+        """The computer woke (voice.agent.sleep_watch): what came due while
+        it slept rings now, late (the wait for it stood still)."""
+        self._resumed_at = resumed.at_wall
+        self._poke()
+
     async def run(self) -> None:
         """Announce timers as they come due, until cancelled. Timers already
         overdue at start came due while the assistant was down: late."""
@@ -128,15 +141,20 @@ class TimerService:
             with anyio.move_on_after(max(0.0, timer.due_wall - self.clock())):
                 await wake.wait()
                 continue
+            if self.sleep is not None:  # a wait that ends right after a resume, before the watch noticed it
+                self.sleep.check()
             await self._fire(timer, late=False)
 
     async def _fire(self, timer: Timer, late: bool) -> None:
         if timer.timer_id not in {t.timer_id for t in self.active()}:  # cancelled meanwhile: no authority
             record_late(self.store, timer.conversation, "timer", timer_id=timer.timer_id)
             return
+        ago = max(0, round(self.clock() - timer.due_wall))
         if late:
-            ago = max(0, round(self.clock() - timer.due_wall))
             text = f"Your {timer.describe()} went off {spoken_duration(ago)} ago, while I was not running."
+        elif ago >= 1 and self._resumed_at is not None and timer.due_wall <= self._resumed_at:
+            late = True  # it came due while the computer was asleep
+            text = f"Your {timer.describe()} went off {spoken_duration(ago)} ago, while the computer was asleep."
         else:
             text = f"Your {timer.describe()} is done."
         self.store.record(timer.conversation, ev.TimerFired(timer_id=timer.timer_id, late=late, at_wall=self.clock(),

@@ -21,19 +21,33 @@ ran on the real clock, and one replay in a few under load answered a
 
 `time.time`, `time.monotonic` and `time.monotonic_ns` are patched process-
 wide, before pipecat is imported (its frames capture `time.time` at import),
-so pipecat's wall-clock timeouts see the same clock. `time.perf_counter`
-stays real. One such loop per process: `voice replay` runs it in its own
-process.
+so pipecat's wall-clock timeouts see the same clock; so is
+`time.clock_gettime` for the monotonic and the boot-time clock (the boot-
+time clock is the virtual monotonic one: the jumps are time awake, not
+asleep; voice.agent.sleep_watch). `time.perf_counter` stays real. One such
+loop per process: `voice replay` runs it in its own process.
+
+For tests only, a simulated sleep: with `VOICE_TEST_SLEEP_FILE=PATH` in the
+environment (read here and nowhere else), every command installs this clock
+(`install_test_sleep`, without the jumping loop: real time), and PATH holds
+the seconds the computer has slept so far (absent or empty: none). Read at
+each reading of the boot-time clock, they move it and the wall clock on,
+and not the monotonic clock: a suspend as Linux has it. A test writes `30`
+there (with the process stopped, SIGSTOP, or not) and the next look at the
+clocks finds the computer woke from 30 s asleep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,6 +55,8 @@ T = TypeVar("T")
 _real_monotonic = time.monotonic
 _real_monotonic_ns = time.monotonic_ns
 _real_time = time.time
+_real_clock_gettime = time.clock_gettime
+SLEEP_FILE_ENV = "VOICE_TEST_SLEEP_FILE"  # tests only: see the module's docstring
 
 
 class VirtualClock:
@@ -49,6 +65,9 @@ class VirtualClock:
         self.in_flight = 0
         self._still_since: float | None = None  # real monotonic time the clock stopped at (free_compute)
         self._still_wall = 0.0  # and the real wall-clock time then
+        self.slept = 0.0  # seconds asleep (simulated): on the wall and boot-time clocks, not the monotonic one
+        sleep_file = os.environ.get(SLEEP_FILE_ENV)
+        self._sleep_file = Path(sleep_file) if sleep_file else None
 
     @property
     def free_compute(self) -> bool:
@@ -76,8 +95,25 @@ class VirtualClock:
 
     def time(self) -> float:
         if self._still_since is not None:
-            return self._still_wall + self.offset
-        return _real_time() + self.offset
+            return self._still_wall + self.offset + self.slept
+        return _real_time() + self.offset + self.slept
+
+    def boottime(self) -> float:
+        """The monotonic clock and the time asleep (the test's file read now)."""
+        if self._sleep_file is not None:
+            try:
+                text = self._sleep_file.read_text().strip()
+            except FileNotFoundError:
+                text = ""
+            self.slept = max(self.slept, float(text or 0))  # (a computer does not sleep backwards)
+        return self.monotonic() + self.slept
+
+    def clock_gettime(self, clock: int) -> float:
+        if clock == time.CLOCK_MONOTONIC:
+            return self.monotonic()
+        if sys.platform == "linux" and clock == time.CLOCK_BOOTTIME:
+            return self.boottime()
+        return _real_clock_gettime(clock)
 
     def begin(self) -> None:
         """Work went in flight (from the loop's thread): the clock will not jump over it."""
@@ -90,9 +126,11 @@ class VirtualClock:
         time.monotonic = self.monotonic  # type: ignore[assignment]
         time.monotonic_ns = self.monotonic_ns  # type: ignore[assignment]
         time.time = self.time  # type: ignore[assignment]
+        time.clock_gettime = self.clock_gettime  # type: ignore[assignment]
 
     def uninstall(self) -> None:
         time.monotonic, time.monotonic_ns, time.time = _real_monotonic, _real_monotonic_ns, _real_time
+        time.clock_gettime = _real_clock_gettime
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -171,6 +209,17 @@ def run_on_virtual_clock(main: Coroutine[Any, Any, T], clock: VirtualClock) -> T
         loop.run_until_complete(loop.shutdown_default_executor())
         asyncio.set_event_loop(None)
         loop.close()
+
+
+def install_test_sleep() -> VirtualClock | None:
+    """Tests only: with VOICE_TEST_SLEEP_FILE set, this clock, installed
+    (real time, no jumps) so the test can make the computer sleep; see the
+    module's docstring. Without it, nothing."""
+    if not os.environ.get(SLEEP_FILE_ENV):
+        return None
+    clock = VirtualClock()
+    clock.install()
+    return clock
 
 
 def _main_thread() -> bool:

@@ -78,6 +78,12 @@ class AudioDevice(Protocol):
 
     def describe(self) -> str: ...
 
+    def reopen(self, reason: str) -> None:
+        """Close the streams and open them again at once, told to `on_audio`
+        as a loss with `reason` and a return (the computer woke from sleep:
+        a sound card's streams are often dead after it)."""
+        ...
+
     def audio_lost(self) -> dict | None:
         """While the sound card is lost: {since (monotonic), reason,
         attempts, error (the last try's), at_start (there was none to begin

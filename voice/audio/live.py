@@ -87,6 +87,7 @@ class LiveDevice:
     # in): the default meanwhile, until the sound devices or the audio server change.
     _unopenable: frozenset[str] = frozenset()
     _heard_to: int = 0  # the speaker position when the streams were closed for a change of devices
+    _streaming: tuple | None = None  # (watch, tell) while the streams run: `reopen` loses them
 
     def __post_init__(self) -> None:
         # Held silence and the block that ends it leave as one block: it must stay a block a
@@ -202,6 +203,7 @@ class LiveDevice:
                           "PortAudio #1037): its thread is left at idle priority and PortAudio's messages are "
                           "silenced; restart the service to free it", file=sys.stderr, flush=True)
                 self._last_block = None
+                self._streaming = None
             if self._lost is None:  # not lost: the system's devices changed, and a pinned one may have come or gone
                 refresh_portaudio(sd, self._wedged)
                 continue
@@ -210,15 +212,38 @@ class LiveDevice:
             backoff = Backoff()
             await anyio.sleep(backoff.next())
 
+    def reopen(self, reason: str) -> None:
+        """Lose the streams now, told as a loss with `reason`, and open them
+        again at once: the computer woke from sleep (voice.agent.sleep_watch),
+        after which they are often dead. Nothing pulls from the lost streams
+        again, so the clear the loss asks of the playback buffer (a reply cut
+        where its sound stopped) is done now (a pull of nothing), not at the
+        reopened streams' first pull: what is queued after it (a timer ringing
+        at resume) plays on them. While they are lost already, nothing: they
+        are being reopened."""
+        if self._streaming is None or self._lost is not None:
+            return
+        watch, tell = self._streaming
+        now = time.monotonic()
+        self._lose_streams(watch, reason, now, tell)
+        self.buffer.pull(0)
+
+    def _lose_streams(self, watch: StreamWatch, reason: str, stopped: float, tell) -> None:
+        """The streams are lost, the sound having stopped at `stopped`: what
+        was heard by then is kept, and the loss told once."""
+        heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
+        self._lose(reason, heard_to, tell)
+
     async def _stream(self, watch: StreamWatch, receive, deliver, on_mic: OnMic, tell) -> None:
         """Hand mic blocks on until the streams are lost (told at once, before
         they are closed), or, with a device pinned, until the system's sound
         devices change (the pinned one may have gone or come back: the
         streams are reopened on what is there)."""
+        self._streaming = (watch, tell)  # (until `run` has closed them)
         devices = sound_devices() if self._pinned() else None
         devices_checked = time.monotonic()
         async with receive:
-            while True:
+            while watch.lost is None:  # (`reopen` loses them from outside)
                 blocks = None
                 with anyio.move_on_after(CHECK_S):
                     blocks = await receive.receive()
@@ -231,9 +256,7 @@ class LiveDevice:
                 now = time.monotonic()
                 found = watch.check(now)
                 if found is not None:
-                    reason, stopped = found
-                    heard_to = watch.lose(reason, lambda: self.buffer.position - self._unplayed_at(stopped))
-                    self._lose(reason, heard_to, tell)
+                    self._lose_streams(watch, found[0], found[1], tell)
                     return
                 if devices is not None and now - devices_checked >= DEVICES_CHECK_S:
                     devices_checked = now

@@ -157,6 +157,9 @@ class ReplayDevice:
     def audio_lost(self) -> dict | None:
         return None if self._lost is None else dict(self._lost)
 
+    def reopen(self, reason: str) -> None:
+        pass  # a scenario's sound card has no streams to lose in a sleep
+
     def describe(self) -> str:
         return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
 

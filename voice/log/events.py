@@ -33,7 +33,8 @@ from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAITool
                                    optional)
 from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, DevicePinned, LateOutput, ListenControl,
                                      ListenSpeech, ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed,
-                                     SpeechOwed, SpeechPaused, SpeechPlayed, SpeechResumed, SpeechSentence)
+                                     SpeechOwed, SpeechPaused, SpeechPlayed, SpeechResumed, SpeechSentence,
+                                     SystemResumed)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -99,6 +100,7 @@ AUDIO_LOST: Final = DeviceLost.TYPE
 AUDIO_BACK: Final = DeviceBack.TYPE
 SPEECH_OWED: Final = SpeechOwed.TYPE
 AUDIO_PINNED: Final = DevicePinned.TYPE
+SYSTEM_RESUMED: Final = SystemResumed.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LISTEN_WINDOW: Final = ListenWindow.TYPE

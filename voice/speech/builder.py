@@ -84,7 +84,7 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     held, the newest (default: four a turn kept; all with `keep` None)."""
     session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
                            echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside,
-                           recorder=recorder)
+                           recorder=recorder, sleep=app.sleep)
     # The one writer of the speech side's rows; it reads the agent's conversation and the
     # listener's position at each write (both are made below).
     log = SpeechLog(app.store, device, conversation=lambda: agent.conversation, mic_position=lambda: listen.position)

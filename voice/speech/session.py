@@ -47,6 +47,8 @@ from voice.log import events as ev
 from voice.log.conversations import NewConversation
 from voice.log.projections import derive_messages
 from voice.log.store import EventStore
+from voice.agent.sleep_watch import SleepWatch
+from voice.speech.after_sleep import AfterSleep
 from voice.speech.audio_loss import AudioChanges
 from voice.speech.barge_in import BargeInController
 from voice.speech.pipeline import (
@@ -82,7 +84,8 @@ class SessionParts:
 class VoiceSession:
     def __init__(self, *, store: EventStore, device: AudioDevice, settings: VoiceSettings, stt_name: str,
                  echo: Any = None, announcer: Any = None, transcript: Callable[[str], None],
-                 aside: Callable[[str], None] | None = None, recorder: Recorder | None = None):
+                 aside: Callable[[str], None] | None = None, recorder: Recorder | None = None,
+                 sleep: SleepWatch | None = None):
         self.store = store
         self.device = device
         self.settings = settings
@@ -92,6 +95,7 @@ class VoiceSession:
         self.transcript = transcript
         self.aside = aside  # -v: what was heard and not acted on
         self.recorder = recorder  # keeps the mic as captured and what played (voice.audio.recording)
+        self.sleep = sleep  # the app's: while this session runs, a resume reopens its device
         self._parts: SessionParts | None = None
 
     def wire(self, parts: SessionParts) -> None:
@@ -164,7 +168,11 @@ class VoiceSession:
             tg.start_soon(p.turns.run)
             tg.start_soon(report_listening)
             tg.start_soon(audio_changes.run)  # what a lost speaker could not say, said once it is back
+            after_sleep = AfterSleep(log=p.log, device=self.device, conversations=p.turns.conversations,
+                                     transcript=self.transcript)
             try:  # from here on the shutdown below always runs: the shielded pipeline needs it to end
+                if self.sleep is not None:
+                    self.sleep.on_resume(after_sleep)
                 if self.announcer is not None:
                     await self.announcer.attach(p.surface.notice)
                 await self.device.run(on_mic, audio_changes)
@@ -173,6 +181,8 @@ class VoiceSession:
                     # All of it within shutdown_s: a share is kept for cutting the pipeline short.
                     reserve = min(1.0, self.settings.shutdown_s / 4)
                     with anyio.move_on_after(self.settings.shutdown_s - reserve):
+                        if self.sleep is not None:
+                            self.sleep.forget(after_sleep)
                         if self.announcer is not None:
                             self.announcer.detach()
                         p.turns.close()

@@ -17,7 +17,9 @@ through this one observer, so the session and its processors write none.
 - `audio_lost(change, turn)`, `audio_back(change)`: `audio/lost` and
   `audio/back`, the sound card going and coming, and `owed(...)`:
   `speech/owed`, what it kept from being said, delivered
-  (voice.speech.audio_loss).
+  (voice.speech.audio_loss);
+- `resumed(asleep_s)`: `system/resumed`, the computer woke from sleep
+  (voice.speech.after_sleep).
 
 The conversation is read at each write (the agent's current one: it
 changes when a conversation ends); the mic position likewise.
@@ -31,7 +33,7 @@ from typing import Any
 from voice.agent.surface import UnitRef
 from voice.audio.device import AudioBack, AudioLost, PinnedChange
 from voice.log.events import (AudioClock, Body, DeviceBack, DeviceLost, DevicePinned, ListenControl, SpeechOwed,
-                              SpeechSentence, UserStop)
+                              SpeechSentence, SystemResumed, UserStop)
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -100,3 +102,7 @@ class SpeechLog:
         """audio/pinned: a pinned device gone (the defaults in use) or back."""
         self.store.record(self._conversation(), DevicePinned(pinned=change.pinned, devices=change.devices,
                                                              present=change.present), turn=None)
+
+    def resumed(self, asleep_s: float) -> None:
+        """system/resumed (no turn)."""
+        self.store.record(self._conversation(), SystemResumed(asleep_s=round(asleep_s, 1)), turn=None)

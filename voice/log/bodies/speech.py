@@ -134,6 +134,15 @@ class DevicePinned(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SystemResumed(Body):
+    """The computer woke from sleep (voice.agent.sleep_watch): the boot-time
+    clock, which counts sleep, ran ahead of the monotonic one by `asleep_s`."""
+
+    TYPE = "system/resumed"
+    asleep_s: float  # seconds asleep
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListenSpeech(Body):
     """One stretch of speech the VAD heard (mic positions), written when it ended."""
 
