@@ -881,3 +881,68 @@ async def test_reopen_after_a_sleep_is_told_at_once_and_what_is_queued_after_the
     assert first.stopped and first.closed and second.started
     dev.reopen("again, while no stream runs")  # (the device has ended: nothing to lose)
     assert len(told) == 2
+
+
+# -- a muted microphone (exact digital zeros) ----------------------------------------------
+
+
+def muted_then_sound(muted_blocks: int):
+    """Exact zeros (a mute key) for `muted_blocks` blocks, then sound."""
+    return lambda i, frames: np.zeros(frames, np.int32) if i < muted_blocks else mic_block(i, frames)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("hold_silence_s", [0.0, 1.0])
+async def test_a_mic_of_exact_zeros_for_over_10_s_is_told_muted_once_then_unmuted(fake_sd, hold_silence_s):
+    """#36.1: 10.5 s of exact zeros at 48 kHz, then sound: `MicMuted` once,
+    then `MicUnmuted`, and no `AudioLost` between them (the stream is
+    alive); the silence hold (which holds such blocks back) changes none of it."""
+    from voice.audio.device import MicMuted, MicUnmuted
+
+    blocks = 560  # 11.2 s of 20 ms blocks: 525 of zeros (10.5 s), then sound
+    sd = fake_sd(48000.0, 48000.0, blocks=blocks, mic=muted_then_sound(525))
+    dev = LiveDevice(hold_silence_s=hold_silence_s)
+    changes: list = []
+    muted_while_zeros: list = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    def on_audio(change) -> None:
+        changes.append(change)
+        muted_while_zeros.append(dev.mic_muted())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dev.run, on_mic, on_audio)
+        with anyio.fail_after(20):
+            while not all_streams_done(sd):
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert [type(c) for c in changes[:2]] == [MicMuted, MicUnmuted], changes
+    assert 10.0 < changes[0].silent_s <= 10.5 and changes[1].muted_s == pytest.approx(10.5), changes
+    assert muted_while_zeros[0] is not None and muted_while_zeros[1] is None
+    assert dev.mic_muted() is None
+
+
+@pytest.mark.anyio
+async def test_a_quiet_mic_is_never_muted(fake_sd):
+    """A quiet room is not a mute key: 12 s of the faintest noise (±1, under
+    the silence hold's floor, so held) is never told muted."""
+    from voice.audio.device import MicMuted
+
+    rng = np.random.default_rng(3)
+    sd = fake_sd(16000.0, 16000.0, blocks=600, mic=lambda i, frames: rng.integers(-1, 2, frames))
+    dev = LiveDevice(hold_silence_s=1.0)
+    changes: list = []
+
+    async def on_mic(data: bytes, reference: bytes = b"") -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dev.run, on_mic, changes.append)
+        with anyio.fail_after(20):
+            while not all_streams_done(sd):
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert not [c for c in changes if isinstance(c, MicMuted)], changes
+    assert dev.mic_muted() is None

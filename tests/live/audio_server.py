@@ -78,6 +78,7 @@ class AudioServer:
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="voice-audio-")))
     procs: list[subprocess.Popen] = field(default_factory=list)
     mic_module: str = ""  # the module of `mic`: unloading it unplugs the microphone
+    socket_at: float | None = None  # monotonic: when the last (re)started pipewire's socket was seen
 
     @property
     def run_dir(self) -> Path:
@@ -147,7 +148,8 @@ class AudioServer:
 
     def _start_server(self) -> None:
         self._spawn("pipewire")
-        self._wait(lambda: (self.run_dir / "pipewire-0").is_socket(), "pipewire")
+        self._wait(lambda: (self.run_dir / "pipewire-0").is_socket(), "pipewire", poll_s=0.005)
+        self.socket_at = time.monotonic()
         self._spawn("wireplumber")  # it exits without a session bus, hence the bus first
         self._spawn("pipewire-pulse")
         self._wait(lambda: self.pactl("info", check=False).returncode == 0, "pipewire-pulse")
@@ -252,14 +254,14 @@ class AudioServer:
             self.procs.append(subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True))
 
-    def _wait(self, ready, what: str, timeout: float = 10.0) -> None:
+    def _wait(self, ready, what: str, timeout: float = 10.0, poll_s: float = 0.05) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
             dead = [p.args[0] for p in self.procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 why = f"{', '.join(dead)} exited" if dead else f"no answer in {timeout:.0f} s"
                 raise AudioServerError(f"waiting for {what}: {why}\n{self.log_tail()}")
-            time.sleep(0.05)
+            time.sleep(poll_s)
 
 
 @dataclass

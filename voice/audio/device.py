@@ -55,8 +55,25 @@ class PinnedChange:
     present: bool
 
 
-# Told (on the event loop) when the audio comes and goes; a replay never loses it.
-OnAudio = Callable[[AudioLost | AudioBack | PinnedChange], None]
+@dataclass(frozen=True)
+class MicMuted:
+    """The microphone has delivered nothing but exact digital zeros for
+    `silent_s` (a mute key: voice.audio.mic_mute): nothing can be heard until
+    `MicUnmuted`. The stream runs on: it is not lost."""
+
+    silent_s: float
+
+
+@dataclass(frozen=True)
+class MicUnmuted:
+    """Sound from the microphone again, after `muted_s` of exact zeros."""
+
+    muted_s: float
+
+
+AudioChange = AudioLost | AudioBack | PinnedChange | MicMuted | MicUnmuted
+# Told (on the event loop) when the audio comes and goes (a replay's sound card is lost only where its scenario says).
+OnAudio = Callable[[AudioChange], None]
 
 
 class AudioDevice(Protocol):
@@ -88,4 +105,9 @@ class AudioDevice(Protocol):
         """While the sound card is lost: {since (monotonic), reason,
         attempts, error (the last try's), at_start (there was none to begin
         with)}; None while it streams."""
+        ...
+
+    def mic_muted(self) -> float | None:
+        """While the microphone delivers exact zeros (muted, `MicMuted`
+        told): since when (monotonic); else None."""
         ...

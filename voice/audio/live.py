@@ -26,7 +26,8 @@ import anyio
 import numpy as np
 import soxr
 
-from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, OnAudio, OnMic, PinnedChange
+from voice.audio.device import MAX_MIC_BLOCK, MIC_RATE, AudioBack, AudioLost, MicMuted, OnAudio, OnMic, PinnedChange
+from voice.audio.mic_mute import MuteWatch
 from voice.audio.playback import PlaybackBuffer, silence
 from voice.audio.silence_hold import SilenceHold
 from voice.audio.stream_life import (
@@ -88,6 +89,9 @@ class LiveDevice:
     _unopenable: frozenset[str] = frozenset()
     _heard_to: int = 0  # the speaker position when the streams were closed for a change of devices
     _streaming: tuple | None = None  # (watch, tell) while the streams run: `reopen` loses them
+    # A microphone that delivers exact zeros (a mute key: voice.audio.mic_mute), and since when (monotonic).
+    _mute: MuteWatch = field(default_factory=MuteWatch)
+    _muted_since: float | None = None
 
     def __post_init__(self) -> None:
         # Held silence and the block that ends it leave as one block: it must stay a block a
@@ -150,6 +154,10 @@ class LiveDevice:
         """While the sound card is lost: since when (monotonic), why, how
         many reopening tries, the last one's error. None while it streams."""
         return dict(self._lost) if self._lost is not None else None
+
+    def mic_muted(self) -> float | None:
+        """While the microphone delivers exact zeros: since when (monotonic)."""
+        return self._muted_since
 
     async def run(self, on_mic: OnMic, on_audio: OnAudio | None = None) -> None:
         """Stream until cancelled. A lost stream (voice.audio.stream_life) is
@@ -252,6 +260,7 @@ class LiveDevice:
                         since = self._lost
                         self._lost = None
                         tell(AudioBack(self.describe(), time.monotonic() - since["since"], since["attempts"] + 1))
+                    self._watch_mute(blocks, tell)
                     await deliver(blocks, on_mic)
                 now = time.monotonic()
                 found = watch.check(now)
@@ -308,6 +317,14 @@ class LiveDevice:
         names = {"input": ("mic", self.input_device), "output": ("speaker", self.output_device)}
         pinned = " and ".join(f"{names[kind][0]} {names[kind][1]!r}" for kind in ("input", "output") if kind in changed)
         tell(PinnedChange(pinned, self.describe(), present=not (changed & self._gone)))
+
+    def _watch_mute(self, blocks: list[np.ndarray], tell) -> None:
+        """Told once when the mic has delivered only exact zeros for long (muted), and when it is not."""
+        for block in blocks:
+            change = self._mute.feed(block, self._in_rate)
+            if change is not None:
+                self._muted_since = time.monotonic() - change.silent_s if isinstance(change, MicMuted) else None
+                tell(change)
 
     def _unplayed_at(self, t: float) -> int:
         """Samples handed to the device and not out of it at time `t`."""

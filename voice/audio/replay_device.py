@@ -160,6 +160,9 @@ class ReplayDevice:
     def reopen(self, reason: str) -> None:
         pass  # a scenario's sound card has no streams to lose in a sleep
 
+    def mic_muted(self) -> None:
+        return None  # a scenario's microphone is never muted: its silence between clips is made of exact zeros
+
     def describe(self) -> str:
         return f"replay of {self.scenario.path.name} ({'real time' if self.realtime else 'virtual clock'})"
 

@@ -31,10 +31,10 @@ from typing import Any, Final
 # The bodies live by family in voice.log.bodies; this module is the one to import them from.
 from voice.log.bodies.base import (BODIES, UNSET, Body, ContentBlock, OpenAIToolCall, Route, TimedDelta, blocks_text,
                                    optional)
-from voice.log.bodies.speech import (AudioClock, DeviceBack, DeviceLost, DevicePinned, LateOutput, ListenControl,
-                                     ListenSpeech, ListenWake, ListenWindow, SpeechCleared, SpeechConfirmed,
-                                     SpeechOwed, SpeechPaused, SpeechPlayed, SpeechResumed, SpeechSentence,
-                                     SystemResumed)
+from voice.log.bodies.speech import (AudioClock, AudioMuted, AudioUnmuted, DeviceBack, DeviceLost, DevicePinned,
+                                     LateOutput, ListenControl, ListenSpeech, ListenWake, ListenWindow, SpeechCleared,
+                                     SpeechConfirmed, SpeechOwed, SpeechPaused, SpeechPlayed, SpeechResumed,
+                                     SpeechSentence, SystemResumed)
 from voice.log.bodies.tool import (ABORTED_BEFORE_DISPATCH, BLOCKED, CONFIRMED, DECLINED, FAILED, UNKNOWN,
                                    ApprovalAnswered, ApprovalRequested, EffectReceipt, TimerCancel, TimerFired,
                                    TimerSet, ToolCalled, ToolDispatched, ToolResult)
@@ -101,6 +101,8 @@ AUDIO_BACK: Final = DeviceBack.TYPE
 SPEECH_OWED: Final = SpeechOwed.TYPE
 AUDIO_PINNED: Final = DevicePinned.TYPE
 SYSTEM_RESUMED: Final = SystemResumed.TYPE
+AUDIO_MUTED: Final = AudioMuted.TYPE
+AUDIO_UNMUTED: Final = AudioUnmuted.TYPE
 LISTEN_SPEECH: Final = ListenSpeech.TYPE
 LISTEN_WAKE: Final = ListenWake.TYPE
 LISTEN_WINDOW: Final = ListenWindow.TYPE

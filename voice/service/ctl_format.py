@@ -60,13 +60,23 @@ def _status(r: dict[str, Any]) -> list[str]:
 
 
 def _audio(r: dict[str, Any]) -> str:
+    return f"audio: {audio_state(r)}"
+
+
+def audio_state(r: dict[str, Any]) -> str:
+    """The daemon's sound devices, from its status: in use, lost, waited
+    for, or with a muted microphone (also `voice doctor`'s)."""
     lost = r.get("audio_lost")
-    if not lost:
-        return f"audio: {r.get('device')}"
-    tries = f"{lost['attempts']} tries so far" + (f", the last: {lost['error']}" if lost.get("error") else "")
-    if lost.get("at_start"):
-        return f"audio: waiting for a sound device for {lost['seconds']:.0f} s, retrying ({lost['reason']}; {tries})"
-    return f"audio: lost {lost['seconds']:.0f} s ago, retrying ({lost['reason']}; {tries})"
+    muted = r.get("mic_muted")
+    if lost:
+        tries = f"{lost['attempts']} tries so far" + (f", the last: {lost['error']}" if lost.get("error") else "")
+        if lost.get("at_start"):
+            return f"waiting for a sound device for {lost['seconds']:.0f} s, retrying ({lost['reason']}; {tries})"
+        return f"lost {lost['seconds']:.0f} s ago, retrying ({lost['reason']}; {tries})"
+    if muted:
+        return (f"{r.get('device')}; the microphone is muted: exact digital silence for {muted['seconds']:.0f} s "
+                "(a mute key or switch?)")
+    return str(r.get("device"))
 
 
 def _say(r: dict[str, Any]) -> list[str]:

@@ -50,23 +50,92 @@ def check_config(path: str | None, llm_model: str | None = None) -> tuple[Check,
     return Check("config", OK, "valid (" + ", ".join(origin) + ")"), Settings.from_config(config)
 
 
+NO_DEVICE_FIX = ("start the audio server if it is not running (`systemctl --user start pipewire pipewire-pulse "
+                 f"wireplumber`, or pulseaudio), or plug a microphone and a speaker in (`{PYTHON} -m sounddevice` "
+                 "lists what PortAudio finds); " + HEADLESS)
+
+
 def check_audio(config: Settings) -> list[Check]:
+    """The devices `voice run` would open: each one [audio] pins, else
+    PortAudio's default, with its rate; and PortAudio's defaults beside a
+    pinned one. No device at all is said as such, with how to get one."""
     try:
         import sounddevice as sd
     except OSError as exc:
         return [Check("audio", FAIL, f"PortAudio is missing ({exc})", "apt-get install libportaudio2")]
+    try:
+        listed = sd.query_devices()
+    except sd.PortAudioError as exc:
+        return [Check("microphone and speaker", FAIL, f"PortAudio cannot list the sound devices ({exc})",
+                      NO_DEVICE_FIX)]
+    if not len(listed):
+        return [Check("microphone and speaker", FAIL, "no sound device: PortAudio finds none (no audio server answers, and no sound "
+                      "card is there)", NO_DEVICE_FIX)]
     out = []
     for kind, key in (("input", "microphone"), ("output", "speaker")):
+        if not any(d[f"max_{kind}_channels"] > 0 for d in listed):
+            out.append(Check(key, FAIL, f"no sound device with an {kind}: PortAudio lists {len(listed)}, none "
+                             f"with an {kind}", NO_DEVICE_FIX))
+            continue
         wanted = getattr(config.audio, kind) or None
+        default = _default_device(sd, kind)
         try:
             info = sd.query_devices(wanted, kind)
         except (sd.PortAudioError, ValueError) as exc:
-            pick = f"list devices with `{PYTHON} -m sounddevice` and set [audio] " + kind
-            out.append(Check(key, FAIL, f"none found ({exc})", f"plug one in or {pick}; {HEADLESS}"))
+            pick = f"list devices with `{PYTHON} -m sounddevice` and set [audio] {kind}"
+            what = f"[audio] {kind} = {wanted!r} is not usable ({exc})" if wanted else f"no default {kind} ({exc})"
+            out.append(Check(key, FAIL, what + (f"; PortAudio's default {kind}: {default}" if wanted else ""),
+                             f"plug it in or {pick}; {HEADLESS}"))
             continue
-        out.append(Check(key, OK, f"{info['name']!r} @ {int(info['default_samplerate'])} Hz"
-                     + ("" if wanted else " (system default; choose another with [audio] " + kind + ")")))
+        detail = f"{info['name']!r} @ {int(info['default_samplerate'])} Hz"
+        if wanted:
+            detail += f" ([audio] {kind}); PortAudio's default {kind}: {default}"
+        else:
+            detail += f" (PortAudio's default {kind}; choose another with [audio] {kind})"
+        out.append(Check(key, OK, detail))
     return out
+
+
+def _default_device(sd, kind: str) -> str:
+    """PortAudio's default device of `kind` ("input", "output"), named with its rate."""
+    try:
+        info = sd.query_devices(None, kind)
+    except (sd.PortAudioError, ValueError):
+        return "none"
+    return f"{info['name']!r} @ {int(info['default_samplerate'])} Hz"
+
+
+def check_audio_in_use(config: Settings) -> list[Check]:
+    """The sound devices a running service has open, from its control
+    socket: in use, lost and retrying, or a muted microphone. Nothing
+    when no service runs (check_service says so)."""
+    import anyio
+
+    from voice.errors import Failed, UsageError
+    from voice.service.control import request
+    from voice.service.ctl_format import audio_state
+
+    sock = config.service.socket_path
+    if not sock.exists():
+        return []
+
+    async def ask() -> dict:
+        with anyio.fail_after(3.0):
+            return await request(sock, {"cmd": "status"}, lambda reply: None)
+
+    try:
+        status = anyio.run(ask)
+    except (UsageError, Failed, TimeoutError) as exc:
+        return [Check("audio in use", WARN, f"the running service did not say ({exc})",
+                      "voice ctl status, or restart it: systemctl --user restart voice")]
+    state = audio_state(status)
+    if status.get("audio_lost"):
+        return [Check("audio in use", WARN, f"by the running service: {state}",
+                      "it listens again by itself once a device is there; " + NO_DEVICE_FIX)]
+    if status.get("mic_muted"):
+        return [Check("audio in use", WARN, f"by the running service: {state}",
+                      "unmute the microphone (its key or switch, or `pactl set-source-mute @DEFAULT_SOURCE@ 0`)")]
+    return [Check("audio in use", OK, f"by the running service: {state}")]
 
 
 def check_models(config: Settings, load: bool = True) -> list[Check]:
@@ -325,6 +394,7 @@ def run_doctor(config_path: str | None, llm: str | None = None, load_models: boo
     checks = [config_check]
     if config is not None:
         checks += check_audio(config)
+        checks += check_audio_in_use(config)
         checks += check_models(config, load_models)
         checks.append(check_llm(config, llm))
         checks.append(check_context(config))

@@ -24,6 +24,10 @@ canceller starts afresh (a new device is a new echo path); a notice.
 A device pinned in the config that goes away: the device falls back to the
 system's defaults, and returns to the pinned one once it is there again;
 each is `audio/pinned`, a notice and a fresh echo canceller.
+
+Muted (the microphone delivers exact zeros: voice.audio.mic_mute):
+`audio/muted` and a notice, once; nothing else changes (a reply plays on,
+the stream is not lost). Sound again: `audio/unmuted` and a notice.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from collections.abc import Callable
 import anyio
 
 from voice.agent.loop import AgentLoop
-from voice.audio.device import AudioBack, AudioLost, PinnedChange
+from voice.audio.device import AudioBack, AudioChange, AudioLost, MicMuted, MicUnmuted, PinnedChange
 from voice.log import events as ev
 from voice.speech.speech_log import SpeechLog
 from voice.speech.voice_surface import VoiceSurface
@@ -51,13 +55,17 @@ class AudioChanges:
         self._restart_echo = restart_echo
         self._idle_gap_s = idle_gap_s  # None: what was kept waits for the speaker however long
 
-    def __call__(self, change: AudioLost | AudioBack | PinnedChange) -> None:
+    def __call__(self, change: AudioChange) -> None:
         if isinstance(change, AudioLost):
             self.lost(change)
         elif isinstance(change, AudioBack):
             self.back(change)
-        else:
+        elif isinstance(change, PinnedChange):
             self.pinned(change)
+        elif isinstance(change, MicMuted):
+            self.muted(change)
+        else:
+            self.unmuted(change)
 
     def lost(self, change: AudioLost) -> None:
         self._log.audio_lost(change, self._agent.current_turn)
@@ -109,3 +117,12 @@ class AudioChanges:
         else:
             self._transcript(f"notice: the pinned audio device is gone ({change.pinned}); using the system's default "
                              f"until it is back ({change.devices})")
+
+    def muted(self, change: MicMuted) -> None:
+        self._log.audio_muted(change)
+        self._transcript(f"notice: the microphone is muted: it has given exact digital silence for "
+                         f"{change.silent_s:.0f} s (a mute key or switch?); nothing is heard until it is unmuted")
+
+    def unmuted(self, change: MicUnmuted) -> None:
+        self._log.audio_unmuted(change)
+        self._transcript(f"notice: the microphone is unmuted (it was muted for {change.muted_s:.0f} s)")

@@ -277,7 +277,7 @@ class VoiceSession:
         return {"state": self.state(), "turn": p.agent.current_turn, "conversation": self.conversation,
                 "question": waiting[-1].question if waiting else None,
                 "mcp": {s.spec.name: s.state for s in mcp.servers} if mcp is not None else {},
-                "device": self.device.describe(), "audio_lost": self._audio_lost(),
+                "device": self.device.describe(), "audio_lost": self._audio_lost(), "mic_muted": self._mic_muted(),
                 "stt": self.stt_name, "tts": "piper en_US-joe-medium",
                 "llm": {"provider": route.provider, "model": route.model, "base_url": route.base_url},
                 "muted": p.listen.muted,
@@ -292,6 +292,11 @@ class VoiceSession:
             return None
         return {"seconds": round(time.monotonic() - lost["since"], 1), "reason": lost["reason"],
                 "attempts": lost["attempts"], "error": lost["error"], "at_start": lost["at_start"]}
+
+    def _mic_muted(self) -> dict[str, Any] | None:
+        """While the microphone gives exact zeros (a mute key): for how long."""
+        since = self.device.mic_muted()
+        return None if since is None else {"seconds": round(time.monotonic() - since, 1)}
 
     async def say(self, text: str, source: str = "text") -> TurnResult | NewConversation:
         """A typed turn, answered by voice; returns its result. Raises

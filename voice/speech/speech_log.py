@@ -18,6 +18,8 @@ through this one observer, so the session and its processors write none.
   `audio/back`, the sound card going and coming, and `owed(...)`:
   `speech/owed`, what it kept from being said, delivered
   (voice.speech.audio_loss);
+- `audio_muted(change)`, `audio_unmuted(change)`: `audio/muted` and
+  `audio/unmuted`, the microphone's exact zeros (voice.speech.audio_loss);
 - `resumed(asleep_s)`: `system/resumed`, the computer woke from sleep
   (voice.speech.after_sleep).
 
@@ -31,9 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.agent.surface import UnitRef
-from voice.audio.device import AudioBack, AudioLost, PinnedChange
-from voice.log.events import (AudioClock, Body, DeviceBack, DeviceLost, DevicePinned, ListenControl, SpeechOwed,
-                              SpeechSentence, SystemResumed, UserStop)
+from voice.audio.device import AudioBack, AudioLost, MicMuted, MicUnmuted, PinnedChange
+from voice.log.events import (AudioClock, AudioMuted, AudioUnmuted, Body, DeviceBack, DeviceLost, DevicePinned,
+                              ListenControl, SpeechOwed, SpeechSentence, SystemResumed, UserStop)
 from voice.log.late import record_late
 from voice.log.store import EventStore
 
@@ -106,3 +108,11 @@ class SpeechLog:
     def resumed(self, asleep_s: float) -> None:
         """system/resumed (no turn)."""
         self.store.record(self._conversation(), SystemResumed(asleep_s=round(asleep_s, 1)), turn=None)
+
+    def audio_muted(self, change: MicMuted) -> None:
+        self.store.record(self._conversation(), AudioMuted(silent_s=round(change.silent_s, 3),
+                                                           position=self._mic_position()), turn=None)
+
+    def audio_unmuted(self, change: MicUnmuted) -> None:
+        self.store.record(self._conversation(), AudioUnmuted(muted_s=round(change.muted_s, 3),
+                                                             position=self._mic_position()), turn=None)

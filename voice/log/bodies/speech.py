@@ -143,6 +143,25 @@ class SystemResumed(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AudioMuted(Body):
+    """The microphone delivers exact digital zeros (a mute key): nothing is
+    heard until `audio/unmuted`. The stream runs on; it is not lost."""
+
+    TYPE = "audio/muted"
+    silent_s: float  # the seconds of exact zeros it took to say so
+    position: int  # the mic position when it was said
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioUnmuted(Body):
+    """Sound from the microphone again after `audio/muted`."""
+
+    TYPE = "audio/unmuted"
+    muted_s: float  # the seconds of exact zeros, all told
+    position: int  # the mic position where the block that brought sound again begins
+
+
+@dataclass(frozen=True, kw_only=True)
 class ListenSpeech(Body):
     """One stretch of speech the VAD heard (mic positions), written when it ended."""
 
