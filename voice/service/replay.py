@@ -101,7 +101,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
                               recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
                               data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
             started = time.perf_counter()
-            gate = voice.session.parts.listen.gate
+            gate = voice.session.parts.listen.addressing.gate
             if gate is not None:  # the listen gate as the recorded session had it when its recording began
                 if scenario.wake_word_at is not None:
                     gate.on_wake(scenario.wake_word_at)
@@ -296,7 +296,8 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
     return {
         "turns": turns,
         # mic blocks, and how many of them the VAD and the wake-word model ran on (they rest on silence)
-        "listener": {"blocks": listen.blocks, "vad_runs": listen.vad_runs, "wake_runs": listen.wake_runs},
+        "listener": {"blocks": listen.blocks, "vad_runs": listen.activity.runs,
+                     "wake_runs": listen.addressing.runs},
         # speculative recognitions, and model requests started before their turn (voice.agent.preempt)
         # and their first sentences synthesized before the commit, and those a turn played (voice.speech.early_speech)
         "turn_end": {"speculations": tracker.speculations, "used": tracker.used,
