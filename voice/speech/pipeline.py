@@ -306,6 +306,11 @@ class ConverseProcessor(FrameProcessor):
             self._heard.close()
         await self.push_frame(frame, direction)
 
+    async def cleanup(self) -> None:
+        """At the pipeline's teardown (also one cut short before its EndFrame)."""
+        await super().cleanup()
+        self._heard.close()
+
     async def speak(self, sentence: Sentence) -> None:
         await self.push_frame(SpeakFrame(sentence=sentence))
 

@@ -152,8 +152,8 @@ class VoiceSession:
 
         async def hear() -> None:  # the person's finished words, in the order they were heard
             try:
-                with words_scope:
-                    async for frame in p.converse.words:
+                with words_scope, p.converse.words as words:
+                    async for frame in words:
                         await self.user_text(frame)
             finally:
                 words_read.set()
