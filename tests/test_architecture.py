@@ -569,3 +569,127 @@ def test_production_takes_the_typed_settings_only():
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if "Settings | Mapping" in line or "TurnStart | dict" in line]
     assert not found, "signatures that take a dict beside the typed value:\n" + "\n".join(found)
+
+
+# -- construction in dependency order (issue #39.4) ----------------------------
+
+def _function(path: Path, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
+
+
+def _forward_references(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Lambdas and nested functions in `function` that use a local name it
+    assigns only further down: a part handed out before it exists."""
+    first: dict[str, int] = {}  # local name -> the line it is first assigned on
+    for node in ast.walk(function):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            targets = [node.target]
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.withitem)):
+            targets = [node.target if not isinstance(node, ast.withitem) else node.optional_vars]
+        for target in targets:
+            for name in ast.walk(target) if target is not None else ():
+                if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store):
+                    first[name.id] = min(first.get(name.id, name.lineno), name.lineno)
+    found = []
+    for node in ast.walk(function):
+        if node is function or not isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        found += [f"line {node.lineno}: uses {name}, made on line {first[name]}"
+                  for name in sorted(used) if first.get(name, 0) > node.lineno]
+    return found
+
+
+def _wiring_after_construction(function: ast.FunctionDef | ast.AsyncFunctionDef, allowed: set[tuple[str, str]]) -> list[str]:
+    """Attributes set on a part after it was made (`part.x = ...`), and
+    calls of a `wire` method, other than the declared hooks in `allowed`."""
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and (target.value.id, target.attr) not in allowed:
+                    found.append(f"line {node.lineno}: {target.value.id}.{target.attr} = ...")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "wire":
+            found.append(f"line {node.lineno}: .wire(...)")
+    return sorted(found, key=lambda line: int(line.split(":")[0].removeprefix("line ")))
+
+
+def test_the_voice_session_is_built_in_dependency_order():
+    """#39.4: each part of a voice session is made after the parts it needs
+    and takes them in its constructor. No lambda hands out a part not yet
+    made (`lambda: agent.conversation` before the agent), no session is
+    wired after it was made; where the data go round (the person's words to
+    the agent, its sentences back through the pipeline) a stream cuts the
+    loop. The one hook set after construction is the agent loop's declared
+    `before_turn_end` (the barge-in controller needs the agent, and the
+    agent calls it as a turn ends)."""
+    builder = _function(ROOT / "voice" / "speech" / "builder.py", "build_voice_session")
+    assert not _forward_references(builder), _forward_references(builder)
+    late = _wiring_after_construction(builder, allowed={("agent", "before_turn_end")})
+    assert not late, f"build_voice_session sets parts up after making them: {late}"
+    from voice.speech.session import VoiceSession
+
+    assert "wire" not in vars(VoiceSession)
+
+
+def test_the_dependency_order_check_sees_a_forward_lambda(tmp_path):
+    source = tmp_path / "build.py"
+    source.write_text("def build(store):\n    log = Log(store, conversation=lambda: agent.conversation)\n"
+                      "    agent = Agent(log)\n    session = Session()\n    session.wire(agent)\n"
+                      "    agent.hook = log.write\n    return session\n", encoding="utf-8")
+    function = _function(source, "build")
+    assert _forward_references(function) == ["line 2: uses agent, made on line 3"]
+    assert _wiring_after_construction(function, allowed=set()) == ["line 5: .wire(...)", "line 6: agent.hook = ..."]
+
+
+def _outer_names(annotation: ast.expr) -> list[str]:
+    """The types an annotation names at its top (`A | None`: A and None;
+    `Callable[[int], None]`: Callable)."""
+    if isinstance(annotation, ast.BinOp):
+        return _outer_names(annotation.left) + _outer_names(annotation.right)
+    if isinstance(annotation, ast.Subscript):
+        return _outer_names(annotation.value)
+    if isinstance(annotation, ast.Attribute):
+        return [annotation.attr]
+    if isinstance(annotation, ast.Name):
+        return [annotation.id]
+    return [repr(getattr(annotation, "value", annotation))]
+
+
+def test_the_listener_takes_whole_parts_not_their_settings():
+    """#39.4: the ListenProcessor runs the listener's parts in order; each
+    part (the Listener, VoiceActivity, Addressing, TurnEndTracker, the
+    barge-in controller, the speculation) is made by the builder with its
+    own settings and handed in whole. So its constructor takes no settings,
+    numbers, flags or optional collaborators (the 14 parameters of before:
+    start_secs, preroll_s, stt, turn_end settings, stop_phrases,
+    report_ignored, wake, gate, ...), and makes none of the models itself."""
+    tree = ast.parse((ROOT / "voice" / "speech" / "pipeline.py").read_text(encoding="utf-8"))
+    listen = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "ListenProcessor")
+    init = next(n for n in listen.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    arguments = init.args.args[1:] + init.args.kwonlyargs
+    settings = [a.arg for a in arguments if a.annotation is None or any(
+        name in {"float", "int", "bool", "str", "tuple", "None"} or name.endswith("Settings")
+        for name in _outer_names(a.annotation))]
+    assert not settings, f"ListenProcessor takes settings or values a part owns: {settings}"
+    assert not init.args.defaults and not [d for d in init.args.kw_defaults if d is not None], \
+        "ListenProcessor has optional collaborators: a part it may lack is a part of its own, handed in"
+    made = {n.func.id for n in ast.walk(init) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert not made & {"Listener", "TurnEndTracker", "VadGate", "OnsetDetector", "VoiceActivity", "Addressing",
+                       "WakeWordDetector", "ListenGate"}, made
+
+
+def test_open_voice_takes_its_options_grouped():
+    """#39.4: `open_voice(settings, device, options)`: the choices grouped by
+    what they are about (VoiceOptions: the speech models, what the session
+    keeps, where the app keeps its state), not sixteen loose keywords and
+    **app_options passed on unread."""
+    function = _function(ROOT / "voice" / "service" / "assembly.py", "open_voice")
+    args = function.args
+    assert args.kwarg is None and not args.kwonlyargs, "open_voice takes loose keywords"
+    assert [a.arg for a in args.args] == ["settings", "device", "options"]

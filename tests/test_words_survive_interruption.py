@@ -12,9 +12,9 @@ pipeline stages with the packaged Whisper on a real recording.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 from pipecat.frames.frames import InterruptionFrame
@@ -33,18 +33,6 @@ def stt():
     return WhisperEngine("tiny.en", 2)
 
 
-class HeardWords:
-    """The session's side of ConverseProcessor: what reached it, after it
-    took its time with each (the turn queue may make it wait)."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    async def user_text(self, frame: UserTextFrame) -> None:
-        await asyncio.sleep(1.0)
-        self.texts.append(frame.text)
-
-
 def utterance(name: str) -> UtteranceFrame:
     audio = read_mono16k(AUDIO / name)
     return UtteranceFrame(audio=audio.astype(np.int16).tobytes(), start=0, end=len(audio))
@@ -61,10 +49,12 @@ async def test_an_interruption_during_recognition_keeps_the_words(stt):
 
 @pytest.mark.anyio
 async def test_words_on_their_way_to_the_session_reach_it_through_an_interruption(stt):
-    heard = HeardWords()
-    pipeline = Pipeline([TranscribeProcessor(stt), ConverseProcessor(heard)])
+    converse = ConverseProcessor()
+    pipeline = Pipeline([TranscribeProcessor(stt), converse])
     await run_test(pipeline, frames_to_send=[utterance("stop_only.wav"), utterance("what_time.wav"),
                                              SleepFrame(0.02), InterruptionFrame(), SleepFrame(0.8),
                                              InterruptionFrame()])
-    assert len(heard.texts) == 2, heard.texts
-    assert "stop" in heard.texts[0].lower() and "time" in heard.texts[1].lower(), heard.texts
+    with anyio.fail_after(5):  # what the session reads, in order, to the pipeline's end
+        texts = [frame.text async for frame in converse.words]
+    assert len(texts) == 2, texts
+    assert "stop" in texts[0].lower() and "time" in texts[1].lower(), texts

@@ -9,7 +9,7 @@ the session. In this order:
    and the speech models (Whisper, Piper, the echo canceller) in a worker
    thread, off the event loop: the log first for the service (a log it
    cannot use fails before seconds of loading), the models first for a
-   replay (`models_first`: one that cannot load leaves no log in --out);
+   replay (`SpeechModelChoice.before_log`: one that cannot load leaves no log in --out);
 3. the session on the device, in the conversation it answers in.
 
 A replayed scenario (`scenario`) says how the session listens ("open"
@@ -19,16 +19,17 @@ clocked on the device's position.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import anyio
 
+from voice.agent.tools.base import Tool
 from voice.app import App, open_app
 from voice.audio.device import MIC_RATE, AudioDevice
+from voice.audio.recording import Recorder
 from voice.audio.replay_device import ReplayDevice
 from voice.log.conversations import resume_or_new
 from voice.log.store import new_conversation_id
@@ -53,26 +54,59 @@ class Voice:
     settings: Settings  # as the session runs them (what a recording saves): the scenario's listen mode, the AEC
 
 
-@asynccontextmanager
-async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scenario | None = None,
-                     llm: str | None = None, stt_model: str | None = None, echo: bool | None = None,
-                     echo_required: bool = False, models_first: bool = False, resume: bool = True,
-                     tools: Sequence[Any] = (), recorder: Any = None, keep: int | None = 64,
-                     keep_units: int | None = None, verbose: bool = False,
-                     hold: Callable[[], AbstractContextManager[object]] | None = None,
-                     db: str | Path | None = None, **app_options: Any) -> AsyncIterator[Voice]:
-    """A voice session on `device`, answering through an app opened on
-    `settings` (see the module docstring).
+@dataclass(frozen=True)
+class SpeechModelChoice:
+    """Which speech models, over the config's, and when they load."""
 
-    `llm`: the provider spec (default: the config's; a scenario's scripted
-    replies go first); `stt_model`, `echo`: over the config's [stt] model and
-    [audio] echo_cancellation; `echo_required`: no echo canceller is an error,
-    not a warning; `models_first`: see the module docstring; `resume`: the
-    latest conversation unless it ended or was idle past the gap (else a
-    new one); `tools`: added to the app's (a
-    replay's stand-ins); `recorder`, `keep`, `keep_units`: see build_voice_session;
-    `hold`: around work the event loop cannot see (a replay's clock);
-    `db` and `app_options` go to open_app."""
+    stt_model: str | None = None  # over [stt] model
+    echo: bool | None = None  # over [audio] echo_cancellation
+    echo_required: bool = False  # no echo canceller is an error, not a warning
+    # Before the log, not after it (see the module docstring): one that cannot load leaves no log behind.
+    before_log: bool = False
+
+
+@dataclass(frozen=True)
+class Keeping:
+    """What the session keeps and shows (see build_voice_session)."""
+
+    recorder: Recorder | None = None  # the session's sound
+    keep: int | None = 64  # turns' bookkeeping (None: all, for a finite replay's summary)
+    keep_units: int | None = None  # the voice surface's messages
+    verbose: bool = False  # what was heard and not acted on, as asides
+
+
+@dataclass(frozen=True)
+class AppState:
+    """Where the app keeps its state and what of it starts (voice.app.open_app)."""
+
+    db: str | Path | None = None  # the log (default: the config's)
+    data_dir: Path | None = None  # notes (default: the XDG data folder)
+    grants: Path | None = None  # "always" answers (default: the XDG state folder)
+    recovery: bool = True  # start-up recovery of a log a crash left (a replay's fresh log has none)
+    mcp: bool = True  # the configured MCP servers (a replay's recorded results stand in for them)
+    notice: Callable[[str], None] = lambda text: None  # how the provider was chosen
+
+
+@dataclass(frozen=True)
+class VoiceOptions:
+    """How `open_voice` opens a voice session, by what each choice is about."""
+
+    scenario: Scenario | None = None  # a replayed scenario: its listen mode and scripted replies
+    llm: str | None = None  # the provider spec (default: the config's; a scenario's scripted replies go first)
+    resume: bool = True  # the latest conversation unless it ended or was idle past the gap (else a new one)
+    tools: tuple[Tool, ...] = ()  # added to the app's (a replay's stand-ins)
+    hold: Callable[[], AbstractContextManager[object]] | None = None  # around work the loop cannot see (a replay's clock)
+    models: SpeechModelChoice = field(default_factory=SpeechModelChoice)
+    keeping: Keeping = field(default_factory=Keeping)
+    state: AppState = field(default_factory=AppState)
+
+
+@asynccontextmanager
+async def open_voice(settings: Settings, device: AudioDevice,
+                     options: VoiceOptions = VoiceOptions()) -> AsyncIterator[Voice]:
+    """A voice session on `device`, answering through an app opened on
+    `settings` as `options` say (see the module docstring)."""
+    scenario, models, keeping = options.scenario, options.models, options.keeping
     voice_settings = (VoiceSettings.from_settings(settings) if scenario is None else  # "open" unless it says
                       VoiceSettings.from_settings(settings, listen_mode=scenario.listen_mode,
                                                   window_s=scenario.window_s))
@@ -82,23 +116,27 @@ async def open_voice(settings: Settings, device: AudioDevice, *, scenario: Scena
             raise TypeError(f"a scenario plays on a ReplayDevice, not on {device.describe()}")
         replay = device
         scripted = scenario.scripted_provider(clock=lambda: replay.position / MIC_RATE)
-    echo = settings.audio.echo_cancellation if echo is None else echo
-    held = hold or nullcontext
+    echo = settings.audio.echo_cancellation if models.echo is None else models.echo
+    held = options.hold or nullcontext
 
     async def load():  # blocking for seconds: in a worker thread, so the loop (signals, the clock) goes on
         with held():
             return await anyio.to_thread.run_sync(lambda: load_models(
-                settings, device.out_rate, stt_model=stt_model, echo_cancellation=echo, echo_required=echo_required))
+                settings, device.out_rate, stt_model=models.stt_model, echo_cancellation=echo,
+                echo_required=models.echo_required))
 
-    async with open_app(settings, db=db, llm=scripted or llm, hold=hold, before_log=load if models_first else None,
-                        **app_options) as app:
-        models = app.prepared if models_first else await load()
-        for tool in tools:
+    state = options.state
+    async with open_app(settings, db=state.db, data_dir=state.data_dir, grants=state.grants,
+                        recovery=state.recovery, mcp=state.mcp, notice=state.notice, llm=scripted or options.llm,
+                        hold=options.hold, before_log=load if models.before_log else None) as app:
+        loaded = app.prepared if models.before_log else await load()
+        for tool in options.tools:
             app.tools.add(tool)
-        conversation = resume_or_new(app.store, settings.conversation.idle_gap_s) if resume else new_conversation_id()
-        session = build_voice_session(app, device, models, voice_settings, conversation=conversation,
-                                      aside=(lambda line: print(line, flush=True)) if verbose else None,
-                                      recorder=recorder, keep=keep, keep_units=keep_units,
+        conversation = (resume_or_new(app.store, settings.conversation.idle_gap_s) if options.resume
+                        else new_conversation_id())
+        session = build_voice_session(app, device, loaded, voice_settings, conversation=conversation,
+                                      aside=(lambda line: print(line, flush=True)) if keeping.verbose else None,
+                                      recorder=keeping.recorder, keep=keeping.keep, keep_units=keeping.keep_units,
                                       play_at=scenario.play_at(device.out_rate) if scenario else None)
         if isinstance(device, ReplayDevice):
             device.idle = session.idle  # it asks whether all is quiet before the next clip

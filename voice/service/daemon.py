@@ -159,11 +159,13 @@ class _Daemon:
     started: bool = False
 
     async def main(self) -> None:
-        from voice.service.assembly import open_voice
+        from voice.service.assembly import AppState, Keeping, VoiceOptions, open_voice
         from voice.service.control import ControlServer
 
-        async with open_voice(self.settings, self.device, scenario=self.scenario, llm=self.llm, db=self.db,
-                              recorder=self.recorder, verbose=self.verbose, notice=_stderr) as voice:
+        options = VoiceOptions(scenario=self.scenario, llm=self.llm,
+                               keeping=Keeping(recorder=self.recorder, verbose=self.verbose),
+                               state=AppState(db=self.db, notice=_stderr))
+        async with open_voice(self.settings, self.device, options) as voice:
             since = voice.app.store.last_seq()  # a recording holds this session's events, not the conversation's past
             session = voice.session
             async with anyio.create_task_group() as tg:

@@ -67,7 +67,7 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
 
     from voice.agent.providers.scripted import ScriptedProvider
     from voice.audio.recording import Recorder, private_directory
-    from voice.service.assembly import open_voice
+    from voice.service.assembly import AppState, Keeping, SpeechModelChoice, VoiceOptions, open_voice
     from voice.service.requests_file import RequestsFile
     from voice.service.scenario import load_scenario
 
@@ -94,14 +94,17 @@ def _run(scenario_path, out, settings: Settings, realtime, stt_model, clock, ver
         # A replay's notes stay with its outputs; its log is fresh, so there is nothing to recover; recorded
         # results stand in for every tool: no MCP server starts. A real server's answer is network I/O:
         # the clock holds while it runs (`hold`).
-        async with open_voice(settings, device, scenario=scenario, llm=scenario.llm, tools=tools,
-                              stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
-                              echo_required=True, models_first=True, resume=False,
-                              keep=None, keep_units=KEEP_UNITS,  # finite: its summary reads every turn's figures
-                              recorder=recorder, verbose=verbose, hold=clock.busy, db=out / "events.db",
-                              data_dir=out / "data", recovery=False, mcp=False, grants=out / "grants.json") as voice:
+        options = VoiceOptions(
+            scenario=scenario, llm=scenario.llm, resume=False, tools=tuple(tools), hold=clock.busy,
+            models=SpeechModelChoice(stt_model=stt_model or scenario.stt_model, echo=scenario.echo_cancellation,
+                                     echo_required=True, before_log=True),
+            keeping=Keeping(recorder=recorder, verbose=verbose,
+                            keep=None, keep_units=KEEP_UNITS),  # finite: its summary reads every turn's figures
+            state=AppState(db=out / "events.db", data_dir=out / "data", grants=out / "grants.json",
+                           recovery=False, mcp=False))
+        async with open_voice(settings, device, options) as voice:
             started = time.perf_counter()
-            gate = voice.session.parts.listen.gate
+            gate = voice.session.parts.listen.addressing.gate
             if gate is not None:  # the listen gate as the recorded session had it when its recording began
                 if scenario.wake_word_at is not None:
                     gate.on_wake(scenario.wake_word_at)
@@ -296,7 +299,8 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
     return {
         "turns": turns,
         # mic blocks, and how many of them the VAD and the wake-word model ran on (they rest on silence)
-        "listener": {"blocks": listen.blocks, "vad_runs": listen.vad_runs, "wake_runs": listen.wake_runs},
+        "listener": {"blocks": listen.blocks, "vad_runs": listen.activity.runs,
+                     "wake_runs": listen.addressing.runs},
         # speculative recognitions, and model requests started before their turn (voice.agent.preempt)
         # and their first sentences synthesized before the commit, and those a turn played (voice.speech.early_speech)
         "turn_end": {"speculations": tracker.speculations, "used": tracker.used,

@@ -10,10 +10,12 @@ VAD has decided it is speech: such a pause is tentative, and is withdrawn
 the voiced length of the utterance or, when it ends sooner, from its words;
 a stop and nothing more is confirmed as soon as its words are known and the
 person has paused (`stop_heard`), without waiting for the utterance's end.
-A confirmed barge-in cancels the agent's turn (its cancel scope), clears
-the speaker buffer inside the device callback and interrupts the pipeline
-(pipecat's `InterruptionFrame` drops queued sentences). A resume plays on
-from the paused sample, losing nothing.
+A confirmed barge-in cancels the agent's turn (its cancel scope) and clears
+the speaker buffer inside the device callback; the controller never touches
+the pipeline: each method that confirms says so (`block`, `stop_heard`,
+`Heard.interrupts`, `interrupt`), and its caller, which owns the pipeline,
+then interrupts it (pipecat's `InterruptionFrame` drops queued sentences).
+A resume plays on from the paused sample, losing nothing.
 
 When the words of an utterance that cut (or paused) the reply arrive, they
 also say what the person wanted (`heard()`): a stop or a backchannel asks
@@ -28,7 +30,7 @@ one mic block.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from voice.agent.loop import AgentLoop
@@ -52,11 +54,14 @@ class Heard:
     text: str
     stop: str | None  # None: a request; "stop", "backchannel" or "sound": the person's stop, not answered
     stopped_turn: int | None  # the turn it stopped, if it stopped one
+    # Its words stopped the reply now (confirmed the pause, or a stop said late): the caller
+    # interrupts the pipeline, so queued sentences are dropped.
+    interrupts: bool = False
 
 
 class BargeInController:
     def __init__(self, judge: BargeInJudge, buffer: PlaybackBuffer, agent: AgentLoop, *, log: Log,
-                 stop_phrases: tuple[str, ...], interrupt_pipeline: Callable[[], Awaitable[None]],
+                 stop_phrases: tuple[str, ...],
                  on_cut: Callable[[int], None] = lambda onset: None,
                  ignored: Callable[[str], None] = lambda why: None,
                  speaking_text: Callable[[], str] = lambda: ""):
@@ -65,7 +70,6 @@ class BargeInController:
         self.agent = agent
         self._log = log
         self._stop_phrases = stop_phrases
-        self._interrupt_pipeline = interrupt_pipeline
         self._on_cut = on_cut  # the running turn was cut by speech that began at this onset
         self._ignored = ignored
         self._speaking_text = speaking_text  # what the assistant is saying (an echo of it is no stop)
@@ -167,7 +171,7 @@ class BargeInController:
 
     # -- the utterance's words -----------------------------------------------
 
-    async def heard(self, text: str, onset: int, doubtful: bool, speaking_text: str) -> Heard | None:
+    def heard(self, text: str, onset: int, doubtful: bool, speaking_text: str) -> Heard | None:
         """The words of the utterance that began at `onset` (possibly none);
         `speaking_text` is what the assistant is saying. None when it asks
         for nothing at all (a sound, a backchannel or the assistant's own
@@ -189,9 +193,11 @@ class BargeInController:
         if (pending or cut_by_length) and doubtful and not stop_intent(text, self._stop_phrases):
             self._ignored(f"heard {text!r} over the reply, too unsure to be words")
             said = ""
+        interrupts = False
         if pending:  # it ended before the judge decided: its words decide
             cut_turn = self._pause_turn
-            if not await self._judge_words(said, speaking_text):
+            interrupts = self._judge_words(said, speaking_text)
+            if interrupts is None:
                 return None
         elif cut_by_length:
             cut_turn, self._cut = self._cut[1], None
@@ -202,7 +208,7 @@ class BargeInController:
             self._ignored("a sound with no words")
             return None
         if not said:  # it stopped the reply by its length, and asked for nothing: recorded as such
-            return Heard(text, "sound", cut_turn)
+            return Heard(text, "sound", cut_turn, interrupts)
         stop = "stop" if stop_intent(said, self._stop_phrases) else None
         if stop is None and cut and is_backchannel(said):
             stop = "backchannel"  # it cut the reply by its length; its words ask for nothing
@@ -211,35 +217,37 @@ class BargeInController:
             cut_turn = self.agent.current_turn
             if self.agent.busy:
                 self._on_cut(onset)
-            await self.interrupt(onset)
-        return Heard(said, stop, cut_turn)
+            self.interrupt(onset)
+            interrupts = True
+        return Heard(said, stop, cut_turn, interrupts)
 
-    async def interrupt(self, onset: int | None = None) -> bool:
+    def interrupt(self, onset: int | None = None) -> bool:
         """The barge-in protocol without the speech (a stop said late, `voice
-        ctl cancel`): cancel the turn, drop queued speech, clear the buffer."""
+        ctl cancel`): cancel the turn and clear the buffer; the caller then
+        interrupts the pipeline (queued speech is dropped). True when a turn
+        was running."""
         turn, busy = self.agent.current_turn, self.assistant_busy()
         cancelled = self.agent.cancel()
         self.buffer.request_clear()
         if busy:
             self._log(SpeechCleared(at=self.buffer.position, onset=onset), turn)
-        await self._interrupt_pipeline()
         return cancelled
 
     # -- internals -------------------------------------------------------------
 
-    async def _judge_words(self, text: str, speaking_text: str) -> bool:
-        """The pending barge-in decided by its words: False when they were a
-        backchannel or the assistant's own echo (the reply goes on)."""
+    def _judge_words(self, text: str, speaking_text: str) -> bool | None:
+        """The pending barge-in decided by its words: None when they were a
+        backchannel or the assistant's own echo (the reply goes on), else
+        whether they confirmed it (the pipeline is to be interrupted)."""
         onset = self.judge.onset
         verdict = self.judge.heard(text, speaking_text)
-        if self._settle(verdict, onset, f"heard {text!r}"):
-            await self._interrupt_pipeline()
+        confirmed = self._settle(verdict, onset, f"heard {text!r}")
         if verdict == "resume":
             what = "a sound with no words" if not text else f"{text!r}, " + (
                 "a backchannel," if is_backchannel(text) else "the assistant's own voice (echo),")
             self._ignored(f"{what} over the reply; the reply went on")
-            return False
-        return True
+            return None
+        return confirmed
 
     def _settle(self, verdict: str | None, onset: int | None, reason: str) -> bool:
         if verdict is None or onset is None:

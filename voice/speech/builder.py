@@ -8,6 +8,7 @@ here starts a task or opens a device.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +17,13 @@ from pipecat.audio.vad.vad_analyzer import VADParams
 
 from voice.audio.device import MIC_RATE, AudioDevice
 from voice.settings import Settings
+from voice.speech.addressing import Addressing
 from voice.speech.barge_in import BargeInController
 from voice.speech.conversation_policy import ConversationPolicy
 from voice.speech.early_speech import EarlySpeech
 from voice.speech.judge import BargeInJudge
-from voice.speech.onset import FrameScoringSilero
+from voice.speech.listener import PREROLL_S, Listener
+from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero
 from voice.speech.pipeline import (
     ConverseProcessor,
     ListenProcessor,
@@ -28,13 +31,15 @@ from voice.speech.pipeline import (
     SpeakProcessor,
     TranscribeProcessor,
 )
-from voice.speech.session import SessionParts, VoiceSession, interruption
+from voice.speech.session import SessionParts, VoiceSession
 from voice.settings import VadSettings
 from voice.speech.settings import VoiceSettings
-from voice.speech.speech_log import SpeechLog
+from voice.speech.speech_log import SpeechLog, UnitRows
 from voice.speech.stt import SttEngine
 from voice.speech.tts import TtsEngine
+from voice.speech.turn_end import TurnEndTracker
 from voice.speech.turns import TurnRunner
+from voice.speech.vad_gate import VoiceActivity
 from voice.speech.voice_surface import VoiceSurface
 
 
@@ -68,6 +73,35 @@ def listen_gate(settings: VoiceSettings):
     return WakeWordDetector(settings.listen.wake_word), gate
 
 
+def transcribe_in_executor(stt: SttEngine):
+    """The end-of-turn tracker's recognition of the utterance so far: a job in the loop's executor."""
+
+    def start(audio):
+        return asyncio.get_running_loop().run_in_executor(None, stt.transcribe, audio)
+
+    return start
+
+
+def notice_line(transcript: Callable[[str], None]) -> Callable[[str], None]:
+    """A notice to the person (a reply the surface could not say, words not
+    heard) as a transcript line."""
+
+    def line(text: str) -> None:
+        transcript(f"notice: {text}")
+
+    return line
+
+
+def say_ignored(aside: Callable[[str], None] | None) -> Callable[[str], None]:
+    """Something heard and not acted on, said as an aside (-v; else nothing)."""
+
+    def ignored(why: str) -> None:
+        if aside is not None:
+            aside(f"(ignored: {why})")
+
+    return ignored
+
+
 def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, settings: VoiceSettings, *,
                         conversation: str, transcript: Callable[[str], None] = lambda line: print(line, flush=True),
                         aside: Callable[[str], None] | None = None, recorder: Any = None,
@@ -81,41 +115,51 @@ def build_voice_session(app: Any, device: AudioDevice, models: SpeechModels, set
     `keep`: per-turn bookkeeping held for diagnostics, the newest turns' (None:
     all, for a finite replay's summary; a service keeps a bounded number and
     runs in flat memory); `keep_units`: the voice surface's units (messages)
-    held, the newest (default: four a turn kept; all with `keep` None)."""
-    session = VoiceSession(store=app.store, device=device, settings=settings, stt_name=models.stt.name,
-                           echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside,
-                           recorder=recorder, sleep=app.sleep)
-    # The one writer of the speech side's rows; it reads the agent's conversation and the
-    # listener's position at each write (both are made below).
-    log = SpeechLog(app.store, device, conversation=lambda: agent.conversation, mic_position=lambda: listen.position)
-    converse = ConverseProcessor(session)
-    surface = VoiceSurface(device.buffer, speak=converse.speak, output_latency=device.output_latency,
-                           on_late=log.late, on_notice=lambda text: transcript(f"notice: {text}"),
-                           on_sentences=log.sentences, play_at=dict(play_at or {}),
+    held, the newest (default: four a turn kept; all with `keep` None).
+
+    Each part is made after the parts it needs and takes them in its
+    constructor (tests/test_architecture.py checks that no function here is
+    handed a part still to be made). The loop in the data (the person's
+    words reach the agent, whose sentences come back through the pipeline)
+    is cut at the converse stage's stream of words, which the session, made
+    last, reads; the one hook set after construction is the agent's
+    declared `before_turn_end`, for the barge-in controller that needs the
+    agent."""
+    store, buffer = app.store, device.buffer
+    # The listener's decisions (a pure state machine): its mic position is where the speech log's rows lie.
+    listener = Listener(MIC_RATE, int(settings.vad.start_secs * MIC_RATE), int(PREROLL_S * MIC_RATE), FRAME,
+                        int(MAX_LEAD_S * MIC_RATE))
+    unit_rows = UnitRows(store)  # speech/sentence and late/output, under each message's own conversation
+    converse = ConverseProcessor()
+    surface = VoiceSurface(buffer, speak=converse.speak, output_latency=device.output_latency,
+                           on_late=unit_rows.late, on_notice=notice_line(transcript),
+                           on_sentences=unit_rows.sentences, play_at=dict(play_at or {}),
                            keep=keep_units if keep_units is not None else None if keep is None else keep * 4)
     agent = app.agent(surface, conversation)
-    conversations = ConversationPolicy(agent, app.store, settings.conversation, aside=aside)
+    log = SpeechLog(store, device, answering=agent, mic=listener)  # the rest of the speech side's rows
+    conversations = ConversationPolicy(agent, store, settings.conversation, aside=aside)
     early_speech = EarlySpeech(models.tts)  # an early start's first sentence, synthesized before the commit
-    turns = TurnRunner(agent, app.store, device.buffer, transcript=transcript, aside=aside, keep=keep,
+    turns = TurnRunner(agent, store, buffer, transcript=transcript, aside=aside, keep=keep,
                        conversations=conversations, notice=surface.notice, log=log, early_speech=early_speech)
     barge_in = BargeInController(
-        BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), device.buffer, agent,
-        log=log.speech, stop_phrases=settings.barge_in.stop_phrases,
-        interrupt_pipeline=interruption(lambda: listen), on_cut=turns.mark_cut, ignored=session.ignored,
-        speaking_text=surface.speaking_text)
-    agent.before_turn_end = barge_in.turn_ending  # a pause still deciding ends before its turn
+        BargeInJudge(settings.barge_in.confirm_ms, settings.barge_in.resume_ms), buffer, agent,
+        log=log.speech, stop_phrases=settings.barge_in.stop_phrases, on_cut=turns.mark_cut,
+        ignored=say_ignored(aside), speaking_text=surface.speaking_text)
+    agent.before_turn_end = barge_in.turn_ending  # (declared hook) a pause still deciding ends before its turn
     wake, gate = listen_gate(settings)
+    turn_end = TurnEndTracker(settings.turn_end, transcribe_in_executor(models.stt), MIC_RATE,
+                              settings.barge_in.stop_phrases)
     # The listener feeds the barge-in controller and the turn runner's early start directly.
-    listen = ListenProcessor(vad_analyzer(settings.vad), barge_in, turns, start_secs=settings.vad.start_secs,
-                             transcript=transcript, aside=aside, wake=wake, gate=gate, stt=models.stt,
-                             turn_end=settings.turn_end, stop_phrases=settings.barge_in.stop_phrases,
-                             report_ignored=aside is not None, log=log.speech)
-    session.wire(SessionParts(
-        listen=listen, transcribe=TranscribeProcessor(models.stt, on_error=lambda why: transcript(f"notice: {why}")),
-        converse=converse,
-        speak=SpeakProcessor(models.tts, surface, log, early_speech), play=PlayProcessor(surface),
-        surface=surface, agent=agent, barge_in=barge_in, turns=turns, log=log))
-    return session
+    listen = ListenProcessor(listener, VoiceActivity(vad_analyzer(settings.vad), listener),
+                             Addressing(gate, wake, listener, log=log.speech, transcript=transcript, aside=aside),
+                             turn_end, barge_in, turns, log=log.speech)
+    parts = SessionParts(
+        listen=listen, transcribe=TranscribeProcessor(models.stt, on_error=notice_line(transcript)),
+        converse=converse, speak=SpeakProcessor(models.tts, surface, unit_rows, early_speech),
+        play=PlayProcessor(surface), surface=surface, agent=agent, barge_in=barge_in, turns=turns, log=log)
+    return VoiceSession(parts, store=store, device=device, settings=settings, stt_name=models.stt.name,
+                        echo=models.echo, announcer=app.announcer, transcript=transcript, aside=aside,
+                        recorder=recorder, sleep=app.sleep)
 
 
 def load_models(settings: Settings, out_rate: int, *, stt_model: str | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+PREROLL_S = 0.5  # the audio kept before the VAD said SPEAKING (the utterance begins in it)
 WAKE_ALONE_S = 0.5  # a wake word this close to the end of its utterance is all it said: wait for the request
 WAKE_CUT_LEAD_S = 0.2  # the cut lies this far before the wake word fired
 

@@ -14,6 +14,7 @@ the replay clock counts it as in flight.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import numpy as np
 from pipecat.audio.vad.vad_analyzer import VADState
 from pipecat.frames.frames import (
     DataFrame,
+    EndFrame,
     Frame,
     InputAudioRawFrame,
     InterruptionFrame,
@@ -34,16 +36,15 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from voice.audio.clock import run_blocking
 from voice.audio.device import MIC_RATE
-from voice.log.events import Body, ListenSpeech, ListenWake, ListenWindow
+from voice.log.events import Body, ListenSpeech
+from voice.speech.addressing import Addressing
 from voice.speech.barge_in import BargeInController
 from voice.speech.early_speech import EarlySpeech
-from voice.speech.listener import Addressed, ForAssistant, Ignored, Listener, WakeAlone
-from voice.speech.onset import FRAME, MAX_LEAD_S, FrameScoringSilero, OnsetDetector
+from voice.speech.listener import ForAssistant, Listener
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
 from voice.speech.tts import SpeechAudio, TtsEngine
-from voice.settings import TurnEndSettings
 from voice.speech.turn_end import TurnEndTracker
-from voice.speech.vad_gate import SoundGate, VadGate
+from voice.speech.vad_gate import SoundGate, VoiceActivity
 from voice.speech.voice_surface import Sentence, VoiceSurface
 
 
@@ -92,12 +93,6 @@ class Speculation(Protocol):
     def drop_early(self) -> None: ...
 
 
-class HeardWords(Protocol):
-    """Where a finished utterance's words go (the session: an answer, a stop or a request)."""
-
-    async def user_text(self, frame: UserTextFrame) -> None: ...
-
-
 class LateSink(Protocol):
     """Where synthesis reports speech that came too late (voice.speech.speech_log)."""
 
@@ -105,53 +100,41 @@ class LateSink(Protocol):
 
 
 class ListenProcessor(FrameProcessor):
-    """VAD on the mic stream. An utterance ends after `stop_secs` of silence
-    (the VAD's own rule; 1 s for one begun over the reply), or earlier when
-    its speculative transcript is a complete request (voice.speech.turn_end);
-    over the paused reply, words that are a stop confirm the barge-in after
-    `end_s`, before the utterance ends.
-    Smart-turn was measured unreliable on these voices and on read human
-    speech (benchmarks/turn_end.py --smart-turn) and costs 55-95 ms per
-    decision.
+    """The mic stream, block by block, through the listener's parts: the
+    sound gate, whom speech is for (`Addressing`: the wake word, the
+    follow-up window, the finished utterance), the VAD (`VoiceActivity`),
+    the barge-in controller (fed each block directly: it pauses, confirms
+    or resumes the reply) and the end of turn (`TurnEndTracker`, whose
+    early words go to `speculation`). The decisions are the `Listener`'s
+    (a pure state machine); this processor runs the parts in order and
+    pushes what they decided as frames.
 
-    Writes `listen/speech` as each stretch of speech ends and `listen/wake`
-    when the wake word fires (mic positions): one row per utterance, never
-    per block."""
+    An utterance ends after `stop_secs` of silence (the VAD's own rule; 1 s
+    for one begun over the reply), or earlier when its speculative
+    transcript is a complete request (voice.speech.turn_end); over the
+    paused reply, words that are a stop confirm the barge-in after `end_s`,
+    before the utterance ends. Smart-turn was measured unreliable on these
+    voices and on read human speech (benchmarks/turn_end.py --smart-turn)
+    and costs 55-95 ms per decision.
 
-    def __init__(self, vad, barge_in: BargeInController, speculation: Speculation, start_secs: float,
-                 preroll_s: float = 0.5, transcript: Callable[[str], None] = lambda line: None,
-                 aside: Callable[[str], None] | None = None,
-                 wake=None, gate=None, stt: SttEngine | None = None, turn_end: TurnEndSettings | None = None,
-                 stop_phrases: tuple[str, ...] = (), report_ignored: bool = False,
-                 log: Callable[[Body, int | None], None] = lambda body, turn: None):
+    Writes `listen/speech` as each stretch of speech ends (mic positions):
+    one row per utterance, never per block."""
+
+    def __init__(self, listener: Listener, activity: VoiceActivity, addressing: Addressing,
+                 turn_end: TurnEndTracker, barge_in: BargeInController, speculation: Speculation, *,
+                 log: Callable[[Body, int | None], None]):
         super().__init__(name="listen")
-        self._log = log  # listen/speech and listen/wake (voice.speech.speech_log)
-        # -v: speech without the wake word is reported, so the VAD listens even where only the wake word must
-        self._report_ignored = report_ignored
-        # Without an STT engine (tests of the VAD alone) nothing is speculated.
-        settings = turn_end or TurnEndSettings()
-        self.turn_end = TurnEndTracker(settings if stt is not None else TurnEndSettings(enabled=False),
-                                       lambda audio: asyncio.get_running_loop().run_in_executor(
-                                           None, stt.transcribe, audio),
-                                       MIC_RATE, stop_phrases)
-        self._wake = wake  # a WakeWordDetector, in "wake" mode
-        self.gate = gate  # a ListenGate: which finished utterances are for the assistant
-        self._vad = vad
-        self._barge_in = barge_in  # fed each block directly: it pauses, confirms or resumes the reply
+        self.listener = listener
+        self.activity = activity
+        self.addressing = addressing
+        self.turn_end = turn_end
+        self._barge_in = barge_in
         self._speculation = speculation
-        self._transcript = transcript
-        self._aside = aside  # -v: what was heard and not acted on
-        # The decisions (voice.speech.listener); this processor runs the models and says what they said.
-        self.listener = Listener(MIC_RATE, int(start_secs * MIC_RATE), int(preroll_s * MIC_RATE), FRAME,
-                                 int(MAX_LEAD_S * MIC_RATE))
+        self._log = log  # listen/speech (voice.speech.speech_log)
         self.muted = False
-        scoring = isinstance(vad, FrameScoringSilero)
-        self._onsets = OnsetDetector() if scoring else None
-        self._vad_gate = VadGate() if scoring else None  # runs the VAD only when the moment needs it
         self._sound = SoundGate()  # whether the mic carries sound (the VAD and the wake word rest when not)
-        self._state = VADState.QUIET  # the VAD's, after the last block
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
-        self.blocks = self.vad_runs = self.wake_runs = 0  # mic blocks, and those each model ran on
+        self.blocks = 0  # mic blocks
 
     position = property(lambda self: self.listener.position)
     speaking = property(lambda self: self.listener.speaking)
@@ -166,12 +149,7 @@ class ListenProcessor(FrameProcessor):
     async def cleanup(self) -> None:
         """At the pipeline's teardown."""
         await super().cleanup()
-        await self.release_vad()
-
-    async def release_vad(self) -> None:
-        """The VAD analyzer runs its model on a thread of its own, which
-        outlives the session unless released. Idempotent."""
-        await self._vad.cleanup()
+        await self.activity.release()
 
     async def _listen(self, audio: bytes) -> None:
         li = self.listener
@@ -181,16 +159,11 @@ class ListenProcessor(FrameProcessor):
         if self.muted:
             audio = bytes(len(audio))
         sound = self._sound.update(audio, end)
-        if self._wake is not None and self._wake_word_in(audio, sound):
-            wake_at = li.woke(n)
-            self._log(ListenWake(position=wake_at, model=self._wake.model), None)
-            self.gate.on_wake(wake_at / MIC_RATE)
-            self._transcript("(okay: listening)")
-        state = await self._vad_state(audio, n, sound)
+        self.addressing.wake_word(audio, n, sound, self._sound.opened)
+        state = await self.activity.state(audio, n, sound, busy=self._barge_in.assistant_busy(),
+                                          expected=self.addressing.expects_speech(li.position + n))
         self.heard_audio.set()
-        if self.gate is not None and li.assistant_stopped(self._barge_in.assistant_busy()):
-            self.gate.on_assistant_stopped(end / MIC_RATE)  # the follow-up window opens
-            self._log(ListenWindow(position=end), None)
+        self.addressing.window(end, self._barge_in.assistant_busy())
         voiced = state in (VADState.STARTING, VADState.SPEAKING)
         li.heard(audio, voiced)
         self._pause_on_first_frames(n)
@@ -210,7 +183,7 @@ class ListenProcessor(FrameProcessor):
         elif ended:
             speech = self.turn_end.speech(li.end_utterance())
             await self.push_frame(UserStoppedSpeakingFrame())
-            addressed = self._addressed(speech, end)
+            addressed = self.addressing.addressed(speech, end)
             for_assistant = isinstance(addressed, ForAssistant)
             self._log(ListenSpeech(start=li.onset, end=max(li.onset, li.voiced_end), decided=end,
                                    for_assistant=for_assistant), None)
@@ -237,7 +210,7 @@ class ListenProcessor(FrameProcessor):
         end = self.turn_end.block(li.utterance, samples, voiced, may_speculate=idle or deciding,
                                   skip=li.addressed_from(li.position + samples)) and not deciding
         # Words not (yet) addressed to the assistant never reach the model early (wake mode).
-        addressed = self.gate is None or self.gate.accepts_utterance(li.onset / MIC_RATE)
+        addressed = self.addressing.accepts(li.onset)
         text = self.turn_end.complete_request() if idle and addressed else None
         if li.speculate(text):  # the model may start on these words (voice.agent.preempt), or stop
             if li.speculated is None:
@@ -255,66 +228,13 @@ class ListenProcessor(FrameProcessor):
         text = self.turn_end.stop_heard()
         return text is not None and self._barge_in.stop_heard(li.onset, text)
 
-    def _wake_word_in(self, audio: bytes, sound: bool) -> bool:
-        """The wake-word detector on this block, only while the mic carries
-        sound (voice.speech.vad_gate); over the pre-roll first when it starts
-        again, so the model's context is the room's, not the last sound's."""
-        if not sound:
-            return False
-        self.wake_runs += 1
-        if self._sound.opened:
-            for block in self.listener.preroll:
-                self._wake.process(block)
-        return self._wake.process(audio)
-
-    async def _vad_state(self, audio: bytes, n: int, sound: bool) -> VADState:
-        """The VAD's state after this block, running it only when the moment
-        needs it (voice.speech.vad_gate); QUIET when it is off."""
-        if self._vad_gate is None:
-            self.vad_runs += 1
-            return await self._vad.analyze_audio(audio)
-        li = self.listener
-        deciding = li.speaking or self._state != VADState.QUIET
-        expected = (self.gate is None or self._report_ignored
-                    or self.gate.expects_speech((li.position + n) / MIC_RATE))
-        if not self._vad_gate.should_run(sound, deciding=deciding, busy=self._barge_in.assistant_busy(),
-                                         expected=expected):
-            self._state = VADState.QUIET
-            return self._state
-        if self._vad_gate.restarting:  # over the pre-roll first, on the frame grid it had
-            restart = li.vad_restart()
-            self._vad.restart(skipped=restart.skipped)
-            self._onsets.reset()
-            audio = restart.audio + audio
-        li.fed_vad(n)
-        self.vad_runs += 1
-        self._state = await self._vad.analyze_audio(audio)
-        return self._state
-
     def _pause_on_first_frames(self, n: int) -> None:
         """The acknowledgement from the first frames of speech (voice.speech.onset),
         before the analyzer's SPEAKING: a tentative pause that SPEAKING confirms."""
-        if self._onsets is None:
-            return
         li = self.listener
-        onset = self._onsets.feed(self._vad.take_frames(), li.position + n)
+        onset = self.activity.first_frames(li.position + n)
         if onset is not None and not li.speaking:
             li.first_frames(onset, self._barge_in.first_frames(onset))
-
-    def _addressed(self, audio: bytes, end: int) -> Addressed:
-        """Whether the utterance is meant for the assistant (voice.speech.listener), told to the gate."""
-        li = self.listener
-        gated = self.gate is not None
-        addressed = li.addressed(audio, end, gated=gated,
-                                 accepted=gated and (li.barge_in or self.gate.accepts_utterance(li.onset / MIC_RATE)))
-        if isinstance(addressed, Ignored):
-            if self._aside is not None:
-                self._aside(f"(ignored: {addressed.seconds:.1f} s of speech without the wake word)")
-        elif isinstance(addressed, WakeAlone):
-            self.gate.on_wake(end / MIC_RATE)
-        elif gated:
-            self.gate.consume()
-        return addressed
 
 
 class TranscribeProcessor(FrameProcessor):
@@ -360,19 +280,36 @@ class TranscribeProcessor(FrameProcessor):
 
 
 class ConverseProcessor(FrameProcessor):
-    """Where the runtime meets the pipeline: user text goes out to it, its
-    sentences come back in (`speak`) and flow on to synthesis."""
+    """Where the runtime meets the pipeline: the person's words go out to it
+    (`words`, in the order they were heard; the session reads them), its
+    sentences come back in (`speak`) and flow on to synthesis.
 
-    def __init__(self, heard: HeardWords):
+    The words go through a stream, not a call: the session that reads them
+    is made from the parts the agent needs, and the agent speaks through
+    this processor (`speak`), so this processor is made first and knows no
+    reader. Words never wait here, so an interruption passing through finds
+    no words of the person's to drop. The stream ends with the pipeline
+    (its EndFrame, after every word before it): a draining session reads
+    the words that were still on their way to its end."""
+
+    def __init__(self):
         super().__init__(name="converse")
-        self._heard = heard
+        # Unbounded: a person's utterances, each ended by a pause, are few; the reader takes them in order.
+        self._heard, self.words = anyio.create_memory_object_stream[UserTextFrame](math.inf)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, UserTextFrame):
-            await self._heard.user_text(frame)
-        else:
-            await self.push_frame(frame, direction)
+            self._heard.send_nowait(frame)
+            return
+        if isinstance(frame, EndFrame):
+            self._heard.close()
+        await self.push_frame(frame, direction)
+
+    async def cleanup(self) -> None:
+        """At the pipeline's teardown (also one cut short before its EndFrame)."""
+        await super().cleanup()
+        self._heard.close()
 
     async def speak(self, sentence: Sentence) -> None:
         await self.push_frame(SpeakFrame(sentence=sentence))

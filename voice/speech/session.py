@@ -1,6 +1,6 @@
 """A voice session: one audio device, the pipecat pipeline, the agent, and
-the parts that run them. Built by `voice.speech.builder`; each role lives
-in its own module:
+the parts that run them. Built by `voice.speech.builder`, last, from the
+parts (`SessionParts`); each role lives in its own module:
 
 - barge-in control, pause / confirm or resume / clear (voice.speech.barge_in);
 - the turn runner, one request at a time (voice.speech.turns);
@@ -8,10 +8,12 @@ in its own module:
   (voice.speech.voice_surface);
 - the listener's decisions (voice.speech.listener), fed to the barge-in
   controller and the turn runner directly; the rows (voice.speech.speech_log);
-- this module: `run()` (a task group with the pipecat worker, the device
-  and the turn runner), the person's finished words (an answer, a stop or
-  a request), and the narrow control API the control socket uses (status,
-  say, cancel, mute, history).
+- this module: `run()` (a task group with the pipecat worker, the device,
+  the turn runner and the reader of the person's finished words, read from
+  the converse stage in order: an answer, a stop or a request), the
+  pipeline's interruption when the barge-in controller says its words or a
+  `voice ctl cancel` stopped the reply, and the narrow control API the
+  control socket uses (status, say, cancel, mute, history).
 
 Shutdown (the device ended, or the caller cancelled): the turn queue is
 closed first (nothing queued starts), the running turn is cancelled
@@ -67,7 +69,7 @@ from voice.speech.voice_surface import VoiceSurface
 
 @dataclass
 class SessionParts:
-    """What the builder wires together."""
+    """The parts the builder made, each from those it needs, for the session."""
 
     listen: ListenProcessor
     transcribe: TranscribeProcessor
@@ -82,10 +84,11 @@ class SessionParts:
 
 
 class VoiceSession:
-    def __init__(self, *, store: EventStore, device: AudioDevice, settings: VoiceSettings, stt_name: str,
-                 echo: Any = None, announcer: Any = None, transcript: Callable[[str], None],
+    def __init__(self, parts: SessionParts, *, store: EventStore, device: AudioDevice, settings: VoiceSettings,
+                 stt_name: str, echo: Any = None, announcer: Any = None, transcript: Callable[[str], None],
                  aside: Callable[[str], None] | None = None, recorder: Recorder | None = None,
                  sleep: SleepWatch | None = None):
+        self.parts = parts
         self.store = store
         self.device = device
         self.settings = settings
@@ -96,16 +99,6 @@ class VoiceSession:
         self.aside = aside  # -v: what was heard and not acted on
         self.recorder = recorder  # keeps the mic as captured and what played (voice.audio.recording)
         self.sleep = sleep  # the app's: while this session runs, a resume reopens its device
-        self._parts: SessionParts | None = None
-
-    def wire(self, parts: SessionParts) -> None:
-        """Called once by the builder (the parts call back into the session)."""
-        self._parts = parts
-
-    @property
-    def parts(self) -> SessionParts:
-        assert self._parts is not None, "build the session with voice.speech.builder.build_voice_session"
-        return self._parts
 
     # The parts other modules name directly.
     listen = property(lambda self: self.parts.listen)
@@ -156,6 +149,19 @@ class VoiceSession:
             finally:
                 runner_done.set()
 
+        words_read = anyio.Event()
+        # Shielded like the pipeline, whose stage hands the words over: the words that came before
+        # the pipeline's end are heard while it drains (a shutdown's only answer them "shutting down").
+        words_scope = anyio.CancelScope(shield=True)
+
+        async def hear() -> None:  # the person's finished words, in the order they were heard
+            try:
+                with words_scope, p.converse.words as words:
+                    async for frame in words:
+                        await self.user_text(frame)
+            finally:
+                words_read.set()
+
         async def report_listening() -> None:
             await p.listen.heard_audio.wait()
             p.log.clock()  # audio/clock: log times and the recording share one clock
@@ -166,6 +172,7 @@ class VoiceSession:
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_pipeline)
             tg.start_soon(p.turns.run)
+            tg.start_soon(hear)
             tg.start_soon(report_listening)
             tg.start_soon(audio_changes.run)  # what a lost speaker could not say, said once it is back
             after_sleep = AfterSleep(log=p.log, device=self.device, conversations=p.turns.conversations,
@@ -190,12 +197,14 @@ class VoiceSession:
                         await p.agent.wait_idle()
                         await worker.queue_frame(EndFrame())
                         await runner_done.wait()
+                        await words_read.wait()  # the words that came before the end are heard (if shutting down)
                     if not runner_done.is_set():  # the pipeline did not drain in time: cut it short
                         await runner.cancel("shutdown bound reached")
                         with anyio.move_on_after(reserve):
                             await runner_done.wait()
                         pipeline_scope.cancel()  # pipecat's own tasks may be left; its VAD thread is not
-                        await p.listen.release_vad()
+                        await p.listen.activity.release()
+                    words_scope.cancel()  # (read to their end unless the pipeline never got there)
                 tg.cancel_scope.cancel()
 
     def _restart_echo(self) -> None:
@@ -213,7 +222,7 @@ class VoiceSession:
         return not (p.listen.speaking or p.transcribe.busy or queued or thinking
                     or p.surface.playing() or p.speak.busy)
 
-    # -- the person's words (from ConverseProcessor) -------------------------
+    # -- the person's words (from ConverseProcessor's stream) -----------------
 
     def ignored(self, why: str) -> None:
         """Something heard and not acted on: an aside, shown with -v."""
@@ -225,9 +234,11 @@ class VoiceSession:
         assistant, they decide whether it was a barge-in at all; then whether
         it asks for anything: a stop or a backchannel does not."""
         p = self.parts
-        heard = await p.barge_in.heard(frame.text, frame.start, frame.doubtful, p.surface.speaking_text())
+        heard = p.barge_in.heard(frame.text, frame.start, frame.doubtful, p.surface.speaking_text())
         if heard is None:
             return
+        if heard.interrupts:
+            await self._interrupt_pipeline()
         approvals = p.agent.tool_env.services.approvals
         if p.agent.waiting_for_person and approvals is not None and heard.stopped_turn is None:
             # The answer to the question the turn asked (voice.agent.approvals), not a request.
@@ -258,7 +269,7 @@ class VoiceSession:
             return "muted"
         if p.listen.speaking:
             return "hearing"
-        gate = p.listen.gate
+        gate = p.listen.addressing.gate
         if gate is not None and gate.mode == "wake" and not (p.transcribe.busy or p.agent.busy):
             return gate.state(p.listen.position / MIC_RATE)
         if p.transcribe.busy:
@@ -270,7 +281,7 @@ class VoiceSession:
     def status(self) -> dict[str, Any]:
         p = self.parts
         route = p.agent.provider.route
-        gate = p.listen.gate
+        gate = p.listen.addressing.gate
         approvals = p.agent.tool_env.services.approvals
         waiting = approvals.waiting(self.conversation) if approvals is not None else []
         mcp = p.agent.tool_env.services.mcp
@@ -307,7 +318,14 @@ class VoiceSession:
     async def cancel(self) -> bool:
         """The barge-in protocol without the speech."""
         self.parts.log.control("cancel")  # each control, where the mic is: a saved session replays it there
-        return await self.parts.barge_in.interrupt()
+        cancelled = self.parts.barge_in.interrupt()
+        await self._interrupt_pipeline()
+        return cancelled
+
+    async def _interrupt_pipeline(self) -> None:
+        """pipecat's InterruptionFrame from the top of the pipeline (the
+        listener), which drops queued sentences and cancels synthesis."""
+        await self.parts.listen.push_frame(InterruptionFrame())
 
     def mute(self, muted: bool) -> bool:
         self.parts.log.control("mute" if muted else "unmute")
@@ -353,13 +371,3 @@ def inference_pool() -> concurrent.futures.ThreadPoolExecutor:
     concurrent.futures.wait([pool.submit(started.wait) for _ in range(workers)])  # (a broken barrier ends them)
     return pool
 
-
-def interruption(listen: Callable[[], ListenProcessor]):
-    """How the barge-in controller interrupts the pipeline: pipecat's
-    InterruptionFrame from the top (the listener, made after the controller),
-    which drops queued sentences."""
-
-    async def push() -> None:
-        await listen().push_frame(InterruptionFrame())
-
-    return push

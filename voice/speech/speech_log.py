@@ -1,13 +1,22 @@
-"""The voice session's log writer: every row the speech side records goes
-through this one observer, so the session and its processors write none.
+"""The voice session's log writers: every row the speech side records goes
+through these two observers, so the session and its processors write none.
 
-- `speech(body, turn)`: the barge-in controller's `speech/paused|resumed|
-  confirmed|cleared` and the listener's `listen/speech|wake`;
+`UnitRows`, for the voice surface and synthesis, files rows under the
+conversation of the unit (message) they belong to, so it needs nothing but
+the log and is made before the agent:
+
 - `sentences(ref, bodies)`: `speech/sentence` of a settled or stopped
   message (from the voice surface);
 - `late(kind, ref, info)`: `late/output`, speech that came too late to be
   used (from synthesis and the surface); the speech side's one `LateOutput`
-  writer;
+  writer.
+
+`SpeechLog` files the rest under the agent's current conversation (it
+changes when a conversation ends), at the listener's mic position, read at
+each write; it is made after the agent and the listener:
+
+- `speech(body, turn)`: the barge-in controller's `speech/paused|resumed|
+  confirmed|cleared` and the listener's `listen/speech|wake|window`;
 - `clock()`: `audio/clock`, the device's sample positions, so that log
   times and recordings share one clock (at the start and before each turn);
 - `control(command)`: `listen/control`, a `voice ctl mute|unmute|cancel|new`
@@ -23,14 +32,11 @@ through this one observer, so the session and its processors write none.
 - `resumed(asleep_s)`: `system/resumed`, the computer woke from sleep
   (voice.speech.after_sleep).
 
-The conversation is read at each write (the agent's current one: it
-changes when a conversation ends); the mic position likewise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from voice.agent.surface import UnitRef
 from voice.audio.device import AudioBack, AudioLost, MicMuted, MicUnmuted, PinnedChange
@@ -42,25 +48,32 @@ from voice.log.store import EventStore
 NOTICE = "notice"  # the conversation of the assistant's own notices: part of no turn, never logged here
 
 
-class SpeechLog:
-    def __init__(self, store: EventStore, device: Any, *, conversation: Callable[[], str],
-                 mic_position: Callable[[], int]):
-        self.store = store
-        self.device = device  # an AudioDevice: its buffer and output latency
-        self._conversation = conversation
-        self._mic_position = mic_position
+class Answering(Protocol):
+    """Who answers, in which conversation now (voice.agent.loop.AgentLoop)."""
 
-    def speech(self, body: Body, turn: int | None) -> None:
-        """speech/* for the barge-in controller, listen/* for the listener."""
-        self.store.record(self._conversation(), body, turn=turn)
+    @property
+    def conversation(self) -> str: ...
+
+
+class MicClock(Protocol):
+    """How far the mic has got, in samples (voice.speech.listener.Listener)."""
+
+    @property
+    def position(self) -> int: ...
+
+
+class UnitRows:
+    """The rows of a message's speech, under the message's own conversation."""
+
+    def __init__(self, store: EventStore):
+        self.store = store
 
     def sentences(self, ref: UnitRef, bodies: list[SpeechSentence]) -> None:
         """speech/sentence of a settled or stopped message, for the surface."""
-        conversation = self._conversation()
-        if ref.conversation != conversation:
+        if ref.conversation == NOTICE:
             return  # the assistant's own notices are not part of any turn
         for body in bodies:
-            self.store.record(conversation, body, turn=ref.turn, step=ref.step, attempt=ref.attempt)
+            self.store.record(ref.conversation, body, turn=ref.turn, step=ref.step, attempt=ref.attempt)
 
     def late(self, kind: str, ref: UnitRef, info: dict[str, Any]) -> None:
         if ref.conversation == NOTICE:
@@ -68,6 +81,24 @@ class SpeechLog:
         # (filed under the unit's own conversation: it may have ended since)
         record_late(self.store, ref.conversation, kind, message_id=ref.message_id,
                     turn=ref.turn, step=ref.step, attempt=ref.attempt, **info)
+
+
+class SpeechLog:
+    def __init__(self, store: EventStore, device: Any, *, answering: Answering, mic: MicClock):
+        self.store = store
+        self.device = device  # an AudioDevice: its buffer and output latency
+        self._answering = answering
+        self._mic = mic
+
+    def _conversation(self) -> str:
+        return self._answering.conversation
+
+    def _mic_position(self) -> int:
+        return self._mic.position
+
+    def speech(self, body: Body, turn: int | None) -> None:
+        """speech/* for the barge-in controller, listen/* for the listener."""
+        self.store.record(self._conversation(), body, turn=turn)
 
     def clock(self) -> None:
         """audio/clock: the device's sample positions now."""

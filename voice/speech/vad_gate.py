@@ -22,12 +22,20 @@ Being busy only keeps it running while there is sound.
 When a model starts again it is first fed the listener's pre-roll (the last
 half second), so speech that began just before, the start of a request
 said right after the wake word, is scored as if it had been running.
+
+`VoiceActivity` is the VAD's part of the listener's work: the analyzer run
+when `VadGate` says, restarted over the pre-roll on the frame grid it had,
+and the first frames of speech (voice.speech.onset). The wake-word
+detector's is voice.speech.addressing's.
 """
 
 from __future__ import annotations
 
+from pipecat.audio.vad.vad_analyzer import VADState
+
 from voice.audio.device import MIC_RATE
-from voice.speech.onset import level_dbfs
+from voice.speech.listener import Listener
+from voice.speech.onset import FrameScoringSilero, OnsetDetector, level_dbfs
 
 LEVEL_FLOOR_DBFS = -60.0  # RMS of a block: quieter is silence or a quiet room's floor
 HOLD_S = 1.0  # after a block over the floor the gate stays open this long
@@ -63,3 +71,52 @@ class VadGate:
         self.restarting = run and not self.running
         self.running = run
         return run
+
+
+class VoiceActivity:
+    """The VAD on the mic stream, block by block, for the listener (whose
+    pre-roll and frame grid it restarts on)."""
+
+    def __init__(self, vad, listener: Listener):
+        self.vad = vad  # pipecat's analyzer; a FrameScoringSilero rests when VadGate says and scores frames
+        self._listener = listener
+        scoring = isinstance(vad, FrameScoringSilero)
+        self._onsets = OnsetDetector() if scoring else None
+        self._gate = VadGate() if scoring else None  # runs the VAD only when the moment needs it
+        self._state = VADState.QUIET  # the VAD's, after the last block
+        self.runs = 0  # blocks it ran on
+
+    async def state(self, audio: bytes, n: int, sound: bool, *, busy: bool, expected: bool) -> VADState:
+        """The VAD's state after this block, running it only when the moment
+        needs it; QUIET when it is off. `busy`: the assistant is; `expected`:
+        speech now could be for the assistant (VadGate.should_run)."""
+        if self._gate is None:
+            self.runs += 1
+            return await self.vad.analyze_audio(audio)
+        li = self._listener
+        deciding = li.speaking or self._state != VADState.QUIET
+        if not self._gate.should_run(sound, deciding=deciding, busy=busy, expected=expected):
+            self._state = VADState.QUIET
+            return self._state
+        if self._gate.restarting:  # over the pre-roll first, on the frame grid it had
+            restart = li.vad_restart()
+            self.vad.restart(skipped=restart.skipped)
+            self._onsets.reset()
+            audio = restart.audio + audio
+        li.fed_vad(n)
+        self.runs += 1
+        self._state = await self.vad.analyze_audio(audio)
+        return self._state
+
+    def first_frames(self, position: int) -> int | None:
+        """Where speech began, from its first frames, before the analyzer's
+        SPEAKING (voice.speech.onset); None when nothing began (or the
+        analyzer does not score frames). `position`: the block's end."""
+        if self._onsets is None:
+            return None
+        return self._onsets.feed(self.vad.take_frames(), position)
+
+    async def release(self) -> None:
+        """The analyzer runs its model on a thread of its own, which outlives
+        the session unless released. Idempotent."""
+        await self.vad.cleanup()
