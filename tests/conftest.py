@@ -117,13 +117,25 @@ def pytest_configure(config: pytest.Config) -> None:
 LIVE = Path(__file__).parent / "live"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The live tests (one private PipeWire per module, real-time audio) run
-    one after another on one pytest-xdist worker (`--dist loadgroup`); the
-    rest are shared out between the workers."""
+    one after another on one pytest-xdist worker (`--dist loadgroup`). The
+    tests of a module that share a module-scoped fixture (a daemon, a set of
+    replays, a model server) run on one worker too: shared out one by one,
+    each worker that got one of them would build the fixture again (#37).
+    The rest are shared out between the workers."""
     for item in items:
         if LIVE in Path(item.path).parents:
             item.add_marker(pytest.mark.xdist_group("live"))
+        elif shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(Path(item.path).stem))
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    # (the last definition of a name is the one the test gets: the others are overridden)
+    return isinstance(item, pytest.Function) and any(
+        defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
 
 
 @pytest.fixture(autouse=True)

@@ -103,6 +103,7 @@ def test_a_missing_model_package_names_what_to_install(monkeypatch):
         models.piper_joe()
 
 
+@pytest.mark.slow  # `voice replay` of the demo, with the speech models
 def test_a_replay_onto_a_full_disk_is_one_line_not_a_traceback(tmp_path):
     """Found by a hostile tester: a replay whose --out filled its disk mid-run
     ended in a traceback (the log's append, then each WAV). A 600 KB tmpfs in

@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,29 @@ KEYS = ("ack_ms_p50", "ack_ms_p95", "termination_ms_p95", "termination_resistant
         "replay_speedup", "idle_cpu_pct", "peak_rss_mb")
 
 
-@pytest.mark.timeout(400)
-def test_benchmark_smoke(tmp_path):
-    out = tmp_path / "bench.json"
+@dataclass
+class Smoke:
+    proc: subprocess.CompletedProcess
+    work: Path  # its replays' outputs (--keep)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Smoke:
+    """`run.py --smoke`, run once for the tests that read what it did."""
+    tmp = tmp_path_factory.mktemp("smoke")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--json", str(out),
-                           "--keep", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=360)  # ~60 s on an idle 2-core machine, 140 s at load 4
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--json",
+                           str(tmp / "bench.json"), "--keep", str(tmp / "work")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=360)  # ~60 s on an idle 2-core machine, 140 s at load 4
+    return Smoke(proc, tmp / "work")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_benchmark_smoke(smoke):
+    proc = smoke.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = json.loads((smoke.work.parent / "bench.json").read_text())
     for key in KEYS:
         assert isinstance(result.get(key), (int, float)) and not isinstance(result[key], bool), (key, result.get(key))
         assert math.isfinite(result[key]), key
@@ -53,6 +68,7 @@ def test_log_append_benchmark_runs(tmp_path):
     assert r["turn_with_a_write"]["durable_events"] >= 3 and r["open"]["open_checked_ms_p50"] > 0
 
 
+@pytest.mark.slow
 def test_v2v_benchmark_runs(tmp_path):
     """benchmarks/v2v.py's code path (run.py runs it outside --smoke): one
     replay of two clips, one human, with the early end of turn; each turn
@@ -66,20 +82,22 @@ def test_v2v_benchmark_runs(tmp_path):
     assert row["speculations"]["speculations"] >= row["speculations"]["used"] >= 1
 
 
-def test_run_py_v2v_step_makes_its_own_folder(tmp_path):
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_run_py_v2v_step_makes_its_own_folder(smoke):
     """#26: `run.py --quick` died at its end, FileNotFoundError on
     work/v2v/tiny.en-ttft0-early.toml: run.py hands v2v.py a folder it has not
     made. The step as run.py runs it, at its smoke size (one clip, tiny.en,
-    the scripted model)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import run
-
-    result = run.v2v_step("smoke", run.MODES["smoke"], tmp_path / "work")
-    [row] = result["rows"]
+    the scripted model): read from the smoke run's own outputs (#37: the
+    step is one replay, run once), whose --keep folder run.py makes and
+    work/v2v in it it does not."""
+    assert smoke.proc.returncode == 0, smoke.proc.stderr[-3000:]
+    [row] = json.loads((smoke.work.parent / "bench.json").read_text())["v2v"]["rows"]
     assert row["tag"] == "tiny.en-ttft0-early" and row["turns"] == 1 and row["v2v_ms"]["n"] == 1
-    assert (tmp_path / "work" / "v2v" / "tiny.en-ttft0-early" / "events.db").is_file()
+    assert (smoke.work / "v2v" / "tiny.en-ttft0-early" / "events.db").is_file()
 
 
+@pytest.mark.slow
 def test_mcp_orphans_benchmark_runs(tmp_path):
     """benchmarks/mcp_orphans.py at its smallest: one kill -9 per wrapper, one
     stop each; the wrappers that cannot run here say why, and none left an orphan."""

@@ -396,8 +396,10 @@ def test_a_typed_turn_in_a_scenario_is_typed_at_its_time_and_answered(tmp_path):
     finally:
         store.close()
     assert [e.body.source for e in typed] == ["text"]
-    # typed after the sound ended: said, not dropped
-    (tmp_path / "late.toml").write_text((tmp_path / "scenario.toml").read_text().replace("at = 9.0", "at = 60.0"))
+    # typed after the sound ended: said, not dropped (the same scenario on 1 s of silence: nothing to recognise)
+    write_wav(tmp_path / "quiet.wav", np.zeros(16000, np.int16), 16000)
+    (tmp_path / "late.toml").write_text((tmp_path / "scenario.toml").read_text()
+                                        .replace("track.wav", "quiet.wav").replace("at = 9.0", "at = 60.0"))
     done = voice(tmp_path, "replay", str(tmp_path / "late.toml"), "--out", str(tmp_path / "late"), timeout=240)
     assert done.returncode == 1 and done.stderr.splitlines()[-1].startswith(
         "voice: error: [[say]] at 60 s ('And when is tea?') comes after the replay ended at "), done.stderr

@@ -61,8 +61,10 @@ def test_a_request_spoken_while_muted_is_not_heard_in_the_replay(tmp_path):
         ("What time is it?", "It is noon."), (turns[1]["user_text"], "Noted.")]
     assert "buy milk" in turns[1]["user_text"]  # (base hears "and a note, buy milk")
     assert controls_of(out / "events.db") == [("mute", 5 * RATE), ("unmute", 11 * RATE)]  # given where they say
-    # a control after the sound: said, not dropped
-    (tmp_path / "late.toml").write_text((tmp_path / "scenario.toml").read_text().replace("at = 11.0", "at = 90.0"))
+    # a control after the sound: said, not dropped (the same scenario on 6 s of silence: nothing to recognise)
+    track(tmp_path / "quiet.wav", [], 6.0)
+    (tmp_path / "late.toml").write_text((tmp_path / "scenario.toml").read_text()
+                                        .replace("track.wav", "quiet.wav").replace("at = 11.0", "at = 90.0"))
     late = voice(tmp_path, "replay", str(tmp_path / "late.toml"), "--out", str(tmp_path / "late"), timeout=240)
     assert late.returncode == 1 and late.stderr.splitlines()[-1].startswith(
         "voice: error: [[control]] at 90 s (unmute) comes after the replay ended at "), late.stderr

@@ -146,6 +146,7 @@ def demo(tmp_path_factory) -> dict:
     return {"page": page, "png": png, "turn": cut, "replay_page": out / f"turn-{cut['turn']}.html"}
 
 
+@pytest.mark.slow  # `voice replay` of the demo, with the speech models
 def test_voice_show_draws_the_demo_cut_turn_and_chromium_renders_it(chromium, demo, tmp_path):
     dom, console = chromium.dom(demo["page"])
     assert console == []
