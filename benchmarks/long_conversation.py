@@ -16,10 +16,12 @@ the first turn, which waits for `voice chat` to start. Per turn:
   eval" and llama.cpp's "prompt eval time = T ms / N tokens"; its responses
   carry no cached/evaluated split: a streamed one has no usage at all, even
   with stream_options.include_usage, and a non-streamed one only
-  usage.prompt_tokens, the whole prompt). The server runs one request at a
-  time, so the request being decoded when the first character arrives is the
-  turn's; the others ended between the line and the next line (summaries,
-  warming) are counted beside it.
+  usage.prompt_tokens, the whole prompt). llama-server, run with `-lv 4`,
+  logs per task "task K | new prompt, ... task.n_tokens = P" when it starts
+  and "task K | prompt eval time = T ms / N tokens" when it ends: the cached
+  prefix is P - N. The request being decoded when the first character
+  arrives is the turn's; the others ended between the line and the next
+  line (summaries, warming) are counted beside it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ TURN_TIMEOUT_S = 300.0  # one turn on a loaded 2-core machine: generous, but a h
 _PREFIX = re.compile(rb"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
 _CACHED = re.compile(rb"Llama\.generate: full prompt already cached")
 _PERF = re.compile(rb"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+# llama-server's (-lv 4) per-task lines, each naming its task: a task that starts, one that ends.
+_TASK_PROMPT = re.compile(rb"\| task (\d+) \| new prompt, [^\n]*task\.n_tokens = (\d+)")
+_TASK_PERF = re.compile(rb"\| task (\d+) \| \s*prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
 
 @dataclass
@@ -80,6 +85,9 @@ class Turn:
 
 
 def server_requests(log: bytes) -> list[ServerRequest]:
+    """The generations in a server's log, llama-cpp-python's or llama-server's."""
+    if _TASK_PROMPT.search(log):
+        return _llama_server_requests(log)
     out: list[ServerRequest] = []
     start, cached = 0, 0
     for m in re.finditer(_PREFIX.pattern + b"|" + _CACHED.pattern + b"|" + _PERF.pattern, log):
@@ -90,6 +98,21 @@ def server_requests(log: bytes) -> list[ServerRequest]:
             start, cached = m.end(), 0
         else:  # full prompt cached: nothing to evaluate
             start, cached = m.start(), -1
+    return out
+
+
+def _llama_server_requests(log: bytes) -> list[ServerRequest]:
+    """llama-server's tasks: its slots may run several at once, so each end
+    is matched to its start by the task's id."""
+    started: dict[bytes, tuple[int, int]] = {}
+    out: list[ServerRequest] = []
+    for m in re.finditer(_TASK_PROMPT.pattern + b"|" + _TASK_PERF.pattern, log):
+        if m.group(1) is not None:
+            started[m.group(1)] = (m.start(), int(m.group(2)))
+        elif (begun := started.pop(m.group(3), None)) is not None:
+            start, prompt_tokens = begun
+            evaluated = int(m.group(5))
+            out.append(ServerRequest(start, m.start(), prompt_tokens - evaluated, evaluated, float(m.group(4))))
     return out
 
 

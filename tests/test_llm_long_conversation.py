@@ -1,7 +1,9 @@
 """benchmarks/llm_v2v.py's long-conversation mode, in its tiny variant,
-against the real llama.cpp server (tests/llm_server.py): the benchmark's
+against each real llama.cpp server (tests/llm_server.py): the benchmark's
 whole path (its own server, `voice chat` driven through stdin and stdout,
-the server's log read back per turn) so the 200-turn run cannot rot."""
+the server's log read back per turn) so the 200-turn run cannot rot. On
+llama-server (`--jinja`) the tool schemas `voice chat` sends go through the
+model's template, and later turns still reuse the conversation's prefix."""
 
 from __future__ import annotations
 
@@ -13,18 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from llm_server import server_marks
+from llm_server import KINDS, kind_marks, kind_params
 
 # Its own server and three model replies: a minute idle, many at a load of 10 on 2 cores.
-pytestmark = [*server_marks(), pytest.mark.timeout(900)]
+pytestmark = [*kind_marks(), pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_long_conversation_mode_reports_each_turns_first_character_and_evaluated_tokens(tmp_path):
+@pytest.mark.parametrize("kind", kind_params(*KINDS))
+def test_the_long_conversation_mode_reports_each_turns_first_character_and_evaluated_tokens(kind, tmp_path):
     out, csv = tmp_path / "long.json", tmp_path / "long.csv"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "llm_v2v.py"), "--turns", "3", "--pause-s", "0.2",
-                           "--json", str(out), "--csv", str(csv)], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                           "--server", kind, "--json", str(out), "--csv", str(csv)], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                           capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -1,8 +1,10 @@
-"""The agent loop and OpenAICompatibleProvider against a real model server:
-llama.cpp's OpenAI-compatible server with SmolLM2-135M-Instruct, started by
-tests/llm_server.py. What the server did is read from its own log and its
-process's CPU time, never from our side alone. docs/llm-servers.md describes
-the behaviour these tests pin down."""
+"""The agent loop and OpenAICompatibleProvider against a real model server
+with SmolLM2-135M-Instruct, started by tests/llm_server.py: llama-cpp-python's
+server and llama.cpp's own `llama-server` (`--jinja`, tools through the
+model's template), each test on both where the behaviour is the same. What
+the server did is read from its own log and its process's CPU time, never
+from our side alone. docs/llm-servers.md describes the behaviour these tests
+pin down."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import time
 import anyio
 import pytest
 
-from llm_server import below_here, niceness, running_server, server_marks, threads_niceness
+from llm_server import (KINDS, LLAMA_SERVER, PYTHON_SERVER, below_here, kind_marks, kind_params, niceness,
+                        running_server, threads_niceness)
 from voice.agent.loop import AgentLoop
 from voice.agent.loop_settings import LoopSettings, ToolEnv
 from voice.agent.providers.openai_compat import OpenAICompatibleProvider
@@ -30,14 +33,21 @@ from voice.surfaces.text import TextSurface
 
 from conftest import printed_reply, run_and_cancel_when
 
-pytestmark = server_marks()
+pytestmark = kind_marks()
+# Each server's own log line for a client that closed its stream.
+CLIENT_GONE = {PYTHON_SERVER: r"Disconnected from client", LLAMA_SERVER: r"cancel task, id_task = \d+"}
+# Each server's refusal of a prompt longer than its context (n_ctx 1024).
+CONTEXT_REFUSAL = {PYTHON_SERVER: "maximum context length is 1024 tokens",
+                   LLAMA_SERVER: "exceeds the available context size (1024 tokens)"}
+PYTHON_ONLY = pytest.mark.parametrize("server", kind_params(PYTHON_SERVER), indirect=True)
+LLAMA_SERVER_ONLY = pytest.mark.parametrize("server", kind_params(LLAMA_SERVER), indirect=True)
 
 PLANETS = "List the inner planets of the solar system, one line each, with one fact about each."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("llama")) as s:
+@pytest.fixture(scope="module", params=kind_params(*KINDS))
+def server(request, tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp(request.param), kind=request.param) as s:
         yield s
 
 
@@ -99,7 +109,7 @@ async def test_a_barge_in_closes_the_stream_and_the_server_stops_generating(serv
         await provider.aclose()
     assert result.outcome == ev.ABORTED
     # The server's own log: it saw the client go away...
-    server.wait_for_log(r"Disconnected from client", since, timeout=10)
+    server.wait_for_log(CLIENT_GONE[server.kind], since, timeout=10)
     # ...and its process stops computing: a generating server burns its
     # threads' CPU; after the disconnect it is idle.
     time.sleep(0.3)
@@ -128,27 +138,41 @@ async def test_after_a_barge_in_the_next_request_is_answered(server, store):
     assert result.outcome == ev.COMPLETED
 
 
+async def turn_with_a_models_request_mid_reply(agent, server) -> tuple:
+    """A turn asking for a long story; once its reply streams, a GET
+    /v1/models (what `check_reachable` and doctor send) from another thread.
+    The turn's result, whether the turn was still in flight when the answer
+    came, and the answer."""
+    import urllib.request
+
+    answered: list[tuple[bool, bytes]] = []
+
+    async def probe_models_mid_reply() -> None:
+        with anyio.fail_after(60):
+            while not ((a := agent.in_flight()) and "".join(b.text for b in a.blocks)):
+                await anyio.sleep(0.01)
+        body = await anyio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(f"{server.base_url}/models", timeout=30).read())
+        answered.append((agent.in_flight() is not None, body))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(probe_models_mid_reply)
+        result = await agent.run_turn("Tell me a long story about a lighthouse.")
+    [(still_streaming, body)] = answered
+    return result, still_streaming, body
+
+
+@PYTHON_ONLY
 async def test_another_request_during_a_reply_ends_the_reply_early(server, store):
     """llama-cpp-python's server (interrupt_requests, on by default) ends a
     stream when any other request arrives, even GET /v1/models (what
     `check_reachable` and a doctor send): the stream gets [DONE] without a
     finish reason. The provider reports that as retryable, so the loop's
     retry answers the turn."""
-    import urllib.request
-
     provider = provider_for(server, max_tokens=300)
     agent, out = agent_for(store, provider, retries=1)
-
-    async def probe_models_mid_reply() -> None:
-        with anyio.fail_after(60):
-            while not ((a := agent.in_flight()) and "".join(b.text for b in a.blocks)):
-                await anyio.sleep(0.01)
-        await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(f"{server.base_url}/models", timeout=30).read())
-
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(probe_models_mid_reply)
-            result = await agent.run_turn("Tell me a long story about a lighthouse.")
+        result, _, _ = await turn_with_a_models_request_mid_reply(agent, server)
     finally:
         await provider.aclose()
     assert result.outcome == ev.COMPLETED
@@ -158,11 +182,35 @@ async def test_another_request_during_a_reply_ends_the_reply_early(server, store
     assert attempt["reason"] == "error" and attempt["content"], "the cut attempt's text was not kept as an attempt"
 
 
+@LLAMA_SERVER_ONLY
+async def test_llama_server_answers_another_request_during_a_reply_and_the_reply_goes_on(server, store):
+    """llama-server answers GET /v1/models (what doctor and `llm = "auto"`
+    send) from its HTTP threads while a slot streams a reply, and the reply
+    runs on to its end: no cut, no retry, unlike llama-cpp-python's server
+    (the test above). The end of turn is banned, so the reply runs to its
+    max_tokens and is still streaming when the answer comes."""
+    provider = provider_for(server, max_tokens=120, logit_bias={"0": -100, "2": -100})
+    agent, out = agent_for(store, provider, retries=1)
+    try:
+        result, still_streaming, body = await turn_with_a_models_request_mid_reply(agent, server)
+    finally:
+        await provider.aclose()
+    assert still_streaming and server.model in body.decode(), "the server did not answer while it streamed"
+    assert result.outcome == ev.COMPLETED
+    assert not events_of(store, ev.REQUEST_ERROR) and not events_of(store, ev.ASSISTANT_ATTEMPT)
+    [message] = events_of(store, ev.ASSISTANT_MESSAGE)
+    assert message["stream"][-1][1:] == ["finish", "length"], "the reply did not run to its max_tokens"
+
+
+@PYTHON_ONLY
 async def test_a_tool_call_streamed_in_the_servers_format_is_dispatched_with_its_receipt(server, store, tmp_path):
     """llama-cpp-python streams a tool call only when the request names the
     tool (tool_choice {"type": "function", ...}): the chatml-function-calling
     format then constrains the arguments to the tool's JSON schema with a
-    grammar. One step, since every request of the turn names the tool."""
+    grammar. One step, since every request of the turn names the tool.
+    (Not on llama-server: with the ChatML tools template the schemas are in
+    the prompt, but its parser finds no call format to constrain, and
+    SmolLM2-135M answers "required" in prose: docs/llm-servers.md.)"""
     provider = provider_for(server, max_tokens=60, temperature=0,
                             tool_choice={"type": "function", "function": {"name": "add_note"}})
     agent, out = agent_for(store, provider, tools=ToolRegistry(notes_tools()), tool_env=ToolEnv(data_dir=tmp_path),
@@ -205,9 +253,9 @@ async def test_a_request_over_the_context_length_ends_the_turn_with_the_servers_
     errors = events_of(store, ev.REQUEST_ERROR)
     assert errors, "the refusal was not recorded"
     assert all(e["status"] == 400 and not e["retryable"] for e in errors), errors
-    assert "maximum context length is 1024 tokens" in errors[0]["message"]
+    assert CONTEXT_REFUSAL[server.kind] in errors[0]["message"], errors[0]["message"]
     assert len(errors) == 2, "a refusal was not answered with exactly one shorter request"
-    assert "maximum context length" in out.getvalue()
+    assert CONTEXT_REFUSAL[server.kind] in out.getvalue()
 
 
 def _chat_cli(tmp_path, base_url: str, say: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -228,6 +276,7 @@ async def test_auto_uses_the_server_that_answers(server, tmp_path):
     assert "assistant:" in done.stdout
 
 
+@PYTHON_ONLY
 async def test_auto_falls_back_with_a_notice_when_the_server_does_not_answer(server, tmp_path):
     """A server that accepts connections but answers nothing (its process
     paused), then one that is gone: `llm = "auto"` says so and answers with
@@ -245,8 +294,9 @@ async def test_auto_falls_back_with_a_notice_when_the_server_does_not_answer(ser
     assert waited < 30, f"the fallback took {waited:.1f} s"
 
 
-async def test_auto_falls_back_with_a_notice_when_nothing_listens(tmp_path):
-    with running_server(tmp_path) as gone:
+@pytest.mark.parametrize("kind", kind_params(PYTHON_SERVER))
+async def test_auto_falls_back_with_a_notice_when_nothing_listens(kind, tmp_path):
+    with running_server(tmp_path, kind=kind) as gone:
         url = gone.base_url
     done = await anyio.to_thread.run_sync(_chat_cli, tmp_path / "gone", url, "what time is it")
     assert done.returncode == 0, done.stderr
