@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 
 import anyio
 import numpy as np
@@ -129,6 +132,13 @@ def test_a_tool_dispatched_before_the_speaker_went_runs_to_its_receipt_and_is_an
     lines = outcome.transcript
     said = lines.index(f"notice: {COMPLETION}")
     assert said > next(i for i, line in enumerate(lines) if line.startswith("notice: audio is back")), lines
+    # `voice trace` says the sound card cut the reply, not a stop (a tester read "then stopped")
+    end = one(events, ev.TURN_END)
+    trace = subprocess.run([sys.executable, "-m", "voice", "trace", "--db", str(tmp_path / "events.db"),
+                            "--conversation", end.conversation, str(end.turn)], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert trace.returncode == 0, trace.stderr
+    assert "then cut: the audio device was lost" in trace.stdout and "then stopped" not in trace.stdout, trace.stdout
 
 
 def test_past_the_idle_gap_the_announcement_is_a_notice_and_is_not_spoken(tmp_path):

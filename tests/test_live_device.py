@@ -230,9 +230,12 @@ class FakeStream:
 
 @pytest.fixture
 def fake_sd(monkeypatch):
+    import voice.audio.live as live
+
     def install(*args, **kw) -> FakeSD:
         sd = FakeSD(*args, **kw)
         monkeypatch.setitem(sys.modules, "sounddevice", sd.module)
+        monkeypatch.setattr(live, "silence_c_stderr", lambda: None)  # (this test process's C stderr stays)
         return sd
 
     return install
@@ -766,7 +769,7 @@ async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_te
     import voice.audio.stream_life as life
 
     silenced: list[bool] = []
-    monkeypatch.setattr(life, "_silence_c_stderr", lambda: silenced.append(True))
+    monkeypatch.setattr(life, "silence_c_stderr", lambda: silenced.append(True))
     sd = fake_sd(16000.0, 16000.0, blocks=[10, 1000], wedged=True)
     dev = LiveDevice()
 

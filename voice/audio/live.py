@@ -40,6 +40,7 @@ from voice.audio.stream_life import (
     forget_wedged,
     refresh_portaudio,
     server_changed_within,
+    silence_c_stderr,
     sound_devices,
 )
 
@@ -167,6 +168,7 @@ class LiveDevice:
 
         tell = on_audio or (lambda change: None)
         backoff = Backoff()
+        silence_c_stderr()  # PortAudio's ALSA thread floods it while a server is dead (voice.audio.stream_life)
         if self._lost is not None:  # no device at start: told once, then waited for like a lost one
             tell(AudioLost(self._lost["reason"], 0, at_start=True))
         server = audio_server_sockets()

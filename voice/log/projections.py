@@ -178,9 +178,12 @@ def trajectory(store: EventStore, conversation: str, turn: int) -> tuple[list[Re
     """Each provider request of a turn with its lifecycle, and the turn's outcome."""
     records: dict[tuple[int, int], RequestRecord] = {}
     outcome = None
+    cut_by = "stopped"  # what ended a reply's speech early: the person, or the sound card going (audio/lost)
     for e in store.events(conversation, turn=turn):
         if e.type == ev.TURN_END:
             outcome = e.body.outcome
+        if e.type == ev.AUDIO_LOST:
+            cut_by = "cut: the audio device was lost"
         if e.step is None or e.attempt is None:
             continue
         rec = records.setdefault((e.step, e.attempt), RequestRecord(e.step, e.attempt))
@@ -212,7 +215,7 @@ def trajectory(store: EventStore, conversation: str, turn: int) -> tuple[list[Re
             rec.outcome, rec.result_seq = "summary", e.seq
             rec.lifecycle.append(f"summary of turns {body.first_turn}-{body.last_turn}: {body.text}")
         elif isinstance(body, ev.SpeechPlayed) and not body.complete:
-            rec.lifecycle.append(f"played {body.words} words, then stopped")
+            rec.lifecycle.append(f"played {body.words} words, then {cut_by}")
     return [records[k] for k in sorted(records)], outcome
 
 

@@ -265,6 +265,8 @@ class VoiceSession:
 
     def state(self) -> str:
         p = self.parts
+        if self.device.audio_lost() is not None:  # deaf and mute until the device is back, whatever else runs
+            return "waiting for audio" + (" (thinking)" if p.agent.busy else "")
         if p.listen.muted:
             return "muted"
         if p.listen.speaking:
