@@ -20,6 +20,7 @@ import sys
 
 import anyio
 import numpy as np
+import pytest
 
 from timeline import Timeline, at, default_config, run_timeline
 from voice.agent.effects import effects
@@ -183,4 +184,37 @@ def test_back_before_the_call_ends_the_announcement_is_said_as_it_comes(tmp_path
     back, receipt = one(events, ev.AUDIO_BACK), one(events, ev.EFFECT_RECEIPT)
     assert back.seq < receipt.seq
     assert not phrase_played(outcome, 0, outcome.position(receipt)) and phrase_played(outcome, outcome.position(receipt))
-    assert f"notice: {COMPLETION}" in outcome.transcript
+    # Delivered as owed (said aloud), once, and written after the cut reply's line: in the order things happened.
+    owed = one(events, ev.SPEECH_OWED)
+    assert owed.seq > receipt.seq and owed.body.said == ev.OWED_ALOUD and owed.body.text == COMPLETION, owed
+    lines = outcome.transcript
+    cut = next(i for i, line in enumerate(lines) if line.startswith("assistant:") and line.endswith("[stopped]"))
+    assert lines.index(f"notice: {COMPLETION}") > cut, lines
+
+
+@pytest.mark.parametrize("lost_at", [7.8, 8.5], ids=["before_it_plays", "while_it_plays"])
+def test_a_confirmed_outcome_the_speaker_went_before_it_had_played_is_said_when_audio_is_back(tmp_path, lost_at):
+    """The receipt is in (7.6 s) and its phrase handed to the speaker
+    (synthesis takes half a second: it plays from about 8.1 s), then the
+    speaker goes: before it plays or during it. The person did not stop it:
+    it is owed, whole."""
+    outcome = run_timeline(Timeline(clips=[ASK], replies=replies(), tools=[slow_note(tmp_path)], synth_s=0.5,
+                                    losses=(AudioLoss(at_s=lost_at, back_after_s=3.0),)), tmp_path)
+    events = logged(tmp_path)
+    result, lost, back = one(events, ev.TOOL_RESULT), one(events, ev.AUDIO_LOST), one(events, ev.AUDIO_BACK)
+    assert result.body.receipt == ev.CONFIRMED and result.seq < lost.seq
+    end = one(events, ev.TURN_END)
+    assert end.body.outcome == ev.INTERRUPTED and end.body.reason == ev.AUDIO_LOST_REASON, end
+    played = [e for e in events if e.type == ev.SPEECH_PLAYED]
+    assert not played[-1].body.complete, played  # the phrase was cut by the loss
+    assert lost_at > 8.0 or played[-1].body.words == 0, played  # (a slower synthesis only plays it later)
+    owed = one(events, ev.SPEECH_OWED)
+    assert owed.seq > back.seq and owed.body.said == ev.OWED_ALOUD and owed.body.text == COMPLETION, owed
+    # Said whole after the back: every word of it is in what played from then on.
+    said = [w.word.word for w, n in outcome.tts.heard(outcome.played[outcome.position(back):])
+            if w.text == COMPLETION and n == w.word.end - w.word.start]
+    assert said == COMPLETION.split(), said
+    lines = outcome.transcript
+    cut = next(i for i, line in enumerate(lines) if line.startswith("assistant:") and line.endswith("[stopped]"))
+    assert lines.index(f"notice: {COMPLETION}") > max(cut, next(
+        i for i, line in enumerate(lines) if line.startswith("notice: audio is back"))), lines

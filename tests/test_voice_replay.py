@@ -338,6 +338,26 @@ def test_a_write_the_lost_speaker_cut_runs_to_its_receipt_and_is_announced_when_
     assert "front door is unlocked" not in history and "a few seconds" not in history, history
 
 
+def test_a_confirmed_outcome_the_lost_speaker_cut_is_said_whole_when_audio_is_back(replays):
+    """The receipt was in and its phrase had begun to play when the speaker
+    went: the person did not stop it, so it is owed (`speech/owed`, once),
+    and heard whole after the back."""
+    out = replays("audio_lost_after_receipt")
+    events = _log(out)
+    (result,) = [e for e in events if e.type == ev.TOOL_RESULT]
+    (lost,) = [e for e in events if e.type == ev.AUDIO_LOST]
+    (back,) = [e for e in events if e.type == ev.AUDIO_BACK]
+    assert result.body.receipt == ev.CONFIRMED and result.seq < lost.seq
+    (owed,) = [e for e in events if e.type == ev.SPEECH_OWED]
+    assert owed.seq > back.seq and owed.body.said == ev.OWED_ALOUD, owed
+    assert owed.body.text == "Done, the front door is unlocked.", owed
+    lines = (out / "stdout.txt").read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if line.startswith("assistant:") and line.endswith("[stopped]"))
+    assert lines.index("notice: Done, the front door is unlocked.") > cut, lines
+    heard = " ".join(words(whisper().transcribe(read_mono16k(out / "played.wav").astype(np.float32) / 32768).text))
+    assert "door is unlocked" in heard, heard
+
+
 def test_past_the_idle_gap_the_lost_announcement_is_written_down_not_spoken(replays):
     out = replays("audio_lost_past_gap", "[conversation]\nidle_gap_s = 10.0\n")
     events = _log(out)

@@ -43,7 +43,7 @@ from voice.agent.providers.base import (
     ToolCallDelta,
 )
 from voice.agent.moving_window import MovingWindow
-from voice.agent.surface import Delivered, Surface, UnitRef
+from voice.agent.surface import Delivered, OwesPhrases, Surface, UnitRef
 from voice.agent.tools.base import ToolRegistry
 from voice.agent.turn_rows import Place
 from voice.agent.turn_state import Streaming, TurnResult, TurnState, call_id, delivered_prefix, own_ids
@@ -115,8 +115,9 @@ class AgentLoop:
         `finish_dispatched` (the speaker went; the person did not ask to
         stop): a call already dispatched runs to its receipt first, and the
         turn ends as soon as it has its result; the phrase that would have
-        announced the outcome goes to `surface.notice` once the turn has
-        ended, and the calls after it are never dispatched. A plain
+        announced the outcome is owed once the turn has ended (`_owe`), and
+        the calls after it are never dispatched. So is such a phrase already
+        said in the turn that had not fully played when the speaker went. A plain
         `cancel()` meanwhile stops it at once, as a barge-in always does."""
         self.cancel_idle()
         if self._scope is None:
@@ -210,8 +211,7 @@ class AgentLoop:
                 reason = self._cancel_reason if scope.cancel_called else None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_bound_s):
                     await self._record_cancel(state, outcome, reason)
-                    if state.unsaid:  # after the stop: it is the assistant's own word now, not the turn's
-                        await self.surface.notice(state.unsaid)
+                    await self._owe(state.unsaid)
                 raise
             finally:
                 over, self._turn_over = self._turn_over, None
@@ -394,7 +394,7 @@ class AgentLoop:
 
         After a lost speaker (`state.stop_after_dispatch`) the phrase is not
         spoken in the turn: it is kept as an `assistant/attempt` (unsaid)
-        and said as a notice once the turn has ended; and since the model
+        and owed once the turn has ended (`_owe`); and since the model
         will not answer from the results, a write with no phrase at all
         still gets one that says its outcome."""
         held, state.held_text = state.held_text, ""
@@ -426,7 +426,7 @@ class AgentLoop:
         if lost:  # filed as the step's part 1, as it would have been said; never history
             rows.attempt(self.store, self._at(state), "unsaid", message_id=ref.message_id,
                          content=[{"type": "text", "text": text}], receipts=writes)
-            state.unsaid = text
+            state.unsaid.append(text)
             return origin != "receipt"
         self.surface.open(ref)
         await self.surface.text(ref, text)
@@ -434,6 +434,7 @@ class AgentLoop:
         self._record(state, ev.AssistantMessage(message_id=ref.message_id, content=[{"type": "text", "text": text}],
                                                 origin=origin, receipts=writes))
         state.playing.append(ref)
+        state.outcome_phrases[ref] = text
         return origin != "receipt"
 
     # -- delivery ----------------------------------------------------------
@@ -466,15 +467,30 @@ class AgentLoop:
                 rows.attempt(self.store, self._at(state), "aborted", **self._stream_fields(ref, assembler))
             rows.stream_stopped(self.store, self._at(state))
             state.streaming = None
-        if self.surface.tracks_playback:
-            for ref in state.playing:
-                self._played(state, ref, self.surface.delivered(ref))
+        for ref in state.playing:
+            delivered = self.surface.delivered(ref)
+            if self.surface.tracks_playback:
+                self._played(state, ref, delivered)
+            if reason == ev.AUDIO_LOST_REASON and ref in state.outcome_phrases and not delivered.complete:
+                state.unsaid.append(state.outcome_phrases[ref])  # the person did not stop it: still owed
         state.playing.clear()
         await self.calls.close_undispatched(self._at(state), state)
         if state.step_open:
             rows.step_end(self.store, self._at(state), outcome)
             state.step_open = False
         self._end_turn(state, outcome, **({"reason": reason} if reason else {}))
+
+    async def _owe(self, phrases: list[str]) -> None:
+        """The outcome phrases a lost speaker kept from the turn, once it has
+        ended: the assistant's own word now, not the turn's. A surface whose
+        speaker can go delivers them itself (said once it is back, each
+        `speech/owed`); it is handed them without a wait, so the turn's own
+        transcript line is written first."""
+        for text in phrases:
+            if isinstance(self.surface, OwesPhrases):
+                self.surface.owe(text)
+            else:
+                await self.surface.notice(text)
 
     def _end_turn(self, state: TurnState, outcome: str, **why: str) -> None:
         self.before_turn_end(state.turn)

@@ -123,6 +123,17 @@ class ShowsToolStates(Protocol):
                          result: ToolResult | None = None) -> None: ...
 
 
+@runtime_checkable
+class OwesPhrases(Protocol):
+    """A surface whose speaker can go away (voice): a phrase announcing an
+    outcome that a lost speaker kept from its turn is handed over once the
+    turn has ended, and the surface delivers it when it can (said once the
+    speaker is back, or written down: voice.speech.audio_loss), never as
+    part of the turn. Elsewhere such a phrase is a plain `notice`."""
+
+    def owe(self, text: str) -> None: ...
+
+
 #: Units (messages) a text or ACP surface keeps what it knows of, the newest:
 #: what was delivered of one is read while its turn runs, never after.
 KEEP_UNITS = 64

@@ -34,7 +34,10 @@ class TurnState:
     # A stop that lets the dispatched call run to its receipt (the speaker went, the person did
     # not ask to stop): (outcome, reason) of the turn, which ends once the call has its result.
     stop_after_dispatch: tuple[str, str | None] | None = None
-    unsaid: str = ""  # the completion phrase such a stop kept from the speaker: a notice once the turn has ended
+    unsaid: list[str] = field(default_factory=list)  # outcome phrases a lost speaker kept: owed once the turn has ended
+    # The phrases announcing an outcome (`_release_held`) handed to the surface: owed if the
+    # speaker goes before one has fully played.
+    outcome_phrases: dict[UnitRef, str] = field(default_factory=dict)
     shrink: int = 1  # the history budget is divided by this (2 after the server said "context length exceeded")
     early: EarlyStart | None = None  # a request started before the turn was committed (voice.agent.preempt)
     asked_again: ev.ApprovalRequested | None = None  # a question a restart left unanswered (voice.agent.approvals)

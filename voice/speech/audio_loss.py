@@ -13,10 +13,13 @@ is the same wait, with nothing to cut.
 
 What the assistant would have said meanwhile of its own (the phrase that
 announces the tool's outcome, a timer) the voice surface keeps
-(`VoiceSurface.unsaid`); `run()` says it once audio is back, or, once the
-conversation's idle gap (`conversation.idle_gap_s`, counted from when it
-could not be said) has passed, writes it down as a `notice:` line instead:
-news that old is not spoken into a room. Each is `speech/owed` in the log.
+(`VoiceSurface.unsaid`); so is a phrase announcing an outcome that the
+loss cut before it had fully played, and one the turn kept though the
+speaker is back by the time it ends (`VoiceSurface.owe`). `run()` says it
+once audio is back, or, once the conversation's idle gap
+(`conversation.idle_gap_s`, counted from when it could not be said) has
+passed, writes it down as a `notice:` line instead: news that old is not
+spoken into a room. Each is `speech/owed` in the log, once.
 
 Back: `audio/back` with the devices and how long it took; the echo
 canceller starts afresh (a new device is a new echo path); a notice.

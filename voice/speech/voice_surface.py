@@ -37,7 +37,8 @@ per sentence (the word timings of `voice show`).
 
 From `lose()` (the speaker went) until `found()`, a notice is not spoken
 into a dead device: it is kept (`unsaid`), whole, for voice.speech.audio_loss
-to say once the speaker is back or to write down after the idle gap.
+to say once the speaker is back or to write down after the idle gap; so is
+a phrase the lost speaker kept from a turn (`owe()`), whenever it comes.
 """
 
 from __future__ import annotations
@@ -274,6 +275,14 @@ class VoiceSurface:
         self.speaker_lost = False
         self._unsaid_wake()
 
+    def owe(self, text: str) -> None:
+        """An outcome phrase the lost speaker kept from its turn (OwesPhrases):
+        kept like a notice said while the speaker is lost, even if it is back
+        by now, so that voice.speech.audio_loss says it (`speech/owed`),
+        after the turn's own transcript line."""
+        self.unsaid.append(Unsaid(text, time.time()))
+        self._unsaid_wake()
+
     def unsaid_changed(self) -> anyio.Event:
         """The event set at the next notice kept, or when the speaker is back (armed before looking)."""
         if self._unsaid_changed is None:
@@ -304,8 +313,7 @@ class VoiceSurface:
         the transcript, and its speakable head said aloud. While the speaker
         is lost it is kept instead (`unsaid`), for when it is back."""
         if self.speaker_lost:
-            self.unsaid.append(Unsaid(text, time.time()))
-            self._unsaid_wake()
+            self.owe(text)
             return
         self.on_notice(text)
         spoken = spoken_notice(text)
