@@ -387,3 +387,34 @@ def test_notify_never_blocks_when_systemd_does_not_read(tmp_path, monkeypatch):
     sent = [notify("WATCHDOG=1") for _ in range(2000)]  # far more than the socket queue holds
     assert sent[0] is True and sent[-1] is False
     receiver.close()
+
+
+def test_ctl_say_while_the_sound_card_is_gone_answers_in_writing_at_once(tmp_path):
+    """F1: a request typed while the speaker is lost is answered, in writing
+    (`ctl say`'s output and the transcript), and `ctl say` returns at once: it
+    used to wait for a speaker that plays nothing, past the card's return,
+    until `voice ctl cancel`."""
+    scenario = tmp_path / "lost.toml"  # the sound card goes at 1 s and is away longer than the test runs
+    scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "what_time.wav"}"\nat = 170.0\n'
+                        "[[audio_lost]]\nat = 1.0\nback_after = 120.0\n")
+    d = Daemon(tmp_path, scenario)
+    try:
+        d.pump(lambda: any(e.type == ev.AUDIO_LOST for e in d.events()), timeout=90)
+        typed = voice(tmp_path, "ctl", "say", "what time is it", timeout=30)  # (the bound: it hung for ever)
+        assert typed.returncode == 0, typed.stderr
+        assert typed.stdout.startswith("assistant (not said aloud): It is") and typed.stdout.count("\n") == 1, \
+            typed.stdout
+        status = voice(tmp_path, "ctl", "status")
+        assert "turn: none running" in status.stdout.splitlines(), status.stdout
+        d.pump(lambda: any(line.startswith("notice: It is") and line.endswith("(not said: the audio device was lost)")
+                           for line in d.out), timeout=10)
+        d.stop()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    assert d.proc.returncode == 0
+    events = d.events()
+    (end,) = [e for e in events if e.type == ev.TURN_END]
+    assert end.body.outcome == ev.COMPLETED and not [e for e in events if e.type == ev.AUDIO_BACK]
+    played = [e.payload for e in events if e.type == ev.SPEECH_PLAYED]
+    assert played and all(p["samples"] == 0 for p in played) and not played[-1]["complete"], played  # nothing played

@@ -691,3 +691,33 @@ def test_a_barge_in_with_no_reply_to_cut_is_said_as_a_request(replays):
     assert device["gave_up"] is None and device["duration_s"] < 20, device
     stop_clip, request = device["clips"]
     assert 2.0 <= request["start_s"] - (stop_clip["start_s"] + 1.0) < 4.0, device["clips"]  # after 2 s of quiet
+
+
+# -- F1: a request typed while the speaker is lost ----------------------------
+
+
+def test_a_request_typed_while_the_speaker_is_lost_is_answered_in_writing_and_never_waits_for_it(replays):
+    """The typed turn, queued behind the reply the loss cut, runs while the
+    speaker is gone: its answer cannot be played, so it is written to the
+    transcript as not said, and the turn ends without waiting for a speaker
+    that plays nothing (it used to wait for ever: the replay ran to its
+    max_duration). Nothing of it plays, then or once the speaker is back."""
+    out = replays("audio_lost_typed")
+    events = _log(out)
+    (lost,) = [e for e in events if e.type == ev.AUDIO_LOST]
+    (back,) = [e for e in events if e.type == ev.AUDIO_BACK]
+    ends = {e.turn: e for e in events if e.type == ev.TURN_END}
+    assert ends[1].body.outcome == ev.INTERRUPTED and ends[1].body.reason == ev.AUDIO_LOST_REASON, ends[1]
+    typed = next(e for e in events if e.type == ev.TURN_START and e.turn == 2)
+    assert lost.seq < typed.seq < ends[2].seq < back.seq, (lost, typed, ends[2], back)  # over while still lost
+    assert ends[2].body.outcome == ev.COMPLETED, ends[2]
+    (played,) = [e for e in events if e.type == ev.SPEECH_PLAYED and e.turn == 2]
+    assert played.body.chars == 0 and played.body.samples == 0 and not played.body.complete, played
+    assert all(e.payload["handed"] == 0 for e in events if e.type == ev.SPEECH_SENTENCE and e.turn == 2)
+    speaker = read_mono16k(out / "played.wav")
+    assert not speaker[lost.payload["speaker"]:].any()  # silence from the loss on, after it is back too
+    lines = (out / "stdout.txt").read_text().splitlines()
+    not_said = "notice: Today is Saturday the fifth of December. (not said: the audio device was lost)"
+    assert not_said in lines and lines.index(not_said) < next(
+        i for i, line in enumerate(lines) if line.startswith("notice: audio is back")), lines
+    assert summary(out)["device"]["gave_up"] is None, summary(out)  # ended by itself, not at max_duration

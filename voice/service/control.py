@@ -42,6 +42,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from voice.agent.turn_state import TurnResult
 from voice.errors import Failed, UsageError
+from voice.log import events as ev
 from voice.log.feed import follow as follow_log
 from voice.log.projections import turn_reply
 from voice.log.conversations import NewConversation, ended, list_conversations
@@ -294,7 +295,11 @@ class ControlServer:
             if isinstance(result, NewConversation):  # the text only asked for a new conversation: no turn
                 return _switched(a.store, result.before, result.after)
             reply = turn_reply(a.store, a.conversation, result.turn)
-            return {"ok": True, "turn": result.turn, "outcome": result.outcome, "reply": reply.delivered_text}
+            answer = {"ok": True, "turn": result.turn, "outcome": result.outcome, "reply": reply.delivered_text}
+            if result.outcome == ev.COMPLETED and not reply.delivered_text and reply.generated_text:
+                # answered but not heard (the speaker was lost): the person who typed it reads it here
+                answer["not_said"] = reply.generated_text
+            return answer
         if cmd == "cancel":
             return {"ok": True, "cancelled": await a.cancel()}
         if cmd in ("mute", "unmute"):

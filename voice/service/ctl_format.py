@@ -83,6 +83,8 @@ def _say(r: dict[str, Any]) -> list[str]:
     if "turn" not in r:  # the text only asked for a new conversation
         return _new(r)
     stopped = r.get("outcome") in (ev.ABORTED, ev.INTERRUPTED)
+    if r.get("not_said"):
+        return [f"assistant (not said aloud): {r['not_said']}"]
     if not r.get("reply") and not stopped:
         return []  # nothing was said: the error line (exit_status) tells why
     return [" ".join(p for p in ("assistant:", r.get("reply"), "[stopped]" if stopped else "") if p)]

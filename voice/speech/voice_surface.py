@@ -39,6 +39,14 @@ From `lose()` (the speaker went) until `found()`, a notice is not spoken
 into a dead device: it is kept (`unsaid`), whole, for voice.speech.audio_loss
 to say once the speaker is back or to write down after the idle gap; so is
 a phrase the lost speaker kept from a turn (`owe()`), whenever it comes.
+
+A reply opened meanwhile (a request typed while the speaker is gone) is lost
+from its start: nothing of it is synthesized or queued, it is settled with
+nothing heard as soon as its text is all there, and that text is written to
+the transcript as not said. Not kept for later, as a notice is: a typed
+request is usually made by someone at the keyboard, who wants the answer
+now, in text, and whose turn (and `voice ctl say`) must not wait on a
+speaker that plays nothing.
 """
 
 from __future__ import annotations
@@ -114,6 +122,7 @@ class _Unit:
     current: bool = True
     stopped: bool = False
     heard_to: int | None = None  # stopped by a lost speaker: what had come out of it (a device position)
+    unheard: bool = False  # opened while the speaker was lost: none of it is synthesized or played
     logged: bool = False  # its speech/sentence bodies were handed on
 
     @property
@@ -157,7 +166,9 @@ class VoiceSurface:
     # -- Surface -----------------------------------------------------------
 
     def open(self, ref: UnitRef) -> None:
-        self._units[ref] = _Unit(ref)
+        unit = self._units[ref] = _Unit(ref)
+        if self.speaker_lost:  # lost from its start (see the module docstring): nothing of it plays
+            unit.current, unit.unheard = False, True
         while self.keep is not None and len(self._units) > self.keep:
             self._evict(next(iter(self._units)))
 
@@ -184,6 +195,8 @@ class VoiceSurface:
         last = unit.stream.close()
         unit.closed = True
         await self._emit(unit, last)
+        if unit.unheard and unit.text.strip():
+            self.on_notice(f"{unit.text.strip()} (not said: the audio device was lost)")
         self._notify()
 
     def discard(self, ref: UnitRef, reason: str) -> None:
@@ -228,8 +241,8 @@ class VoiceSurface:
                 if self.buffer.handed(s.key) == audio.length and not self.buffer.paused:
                     due_s = (audio.length - heard) / self.buffer.rate  # in the device, on its way out
                 break
-        settled = settled and unit.closed
-        complete = settled and not unsaid
+        complete = settled and unit.closed and not unsaid
+        settled = (settled or unit.unheard) and unit.closed  # (nothing of an unheard unit is ever synthesized)
         if complete:
             chars = len(unit.text)
         return Delivered(text_chars=chars, words=words, samples=samples, complete=complete), settled, due_s
@@ -414,5 +427,7 @@ class VoiceSurface:
             new.append(Sentence(unit.ref, len(unit.sentences) + len(new), sentence.text,
                                 sentence.source_start + lead, sentence))
         unit.sentences += new
+        if unit.unheard:
+            return
         for sentence in new:
             await self.speak(sentence)
