@@ -52,7 +52,8 @@ def check_config(path: str | None, llm_model: str | None = None) -> tuple[Check,
 
 NO_DEVICE_FIX = ("start the audio server if it is not running (`systemctl --user start pipewire pipewire-pulse "
                  f"wireplumber`, or pulseaudio), or plug a microphone and a speaker in (`{PYTHON} -m sounddevice` "
-                 "lists what PortAudio finds); " + HEADLESS)
+                 "lists what PortAudio finds; [audio] input and output in the config pick one other than the "
+                 "system's default); " + HEADLESS)
 
 
 def check_audio(config: Settings) -> list[Check]:
