@@ -693,3 +693,15 @@ def test_open_voice_takes_its_options_grouped():
     args = function.args
     assert args.kwarg is None and not args.kwonlyargs, "open_voice takes loose keywords"
     assert [a.arg for a in args.args] == ["settings", "device", "options"]
+
+
+def test_a_command_with_no_mcp_server_does_not_import_the_mcp_sdk():
+    """The MCP SDK is 0.9 s of every `voice` command's start (#37): the app,
+    the agent loop and the ACP server import it only for a server to run."""
+    import sys
+
+    probe = ("import sys, voice.app, voice.service.chat, voice.service.acp_server, voice.service.replay; "
+             "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"imported with no MCP server configured: {out.stdout.strip()[:300]}"

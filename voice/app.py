@@ -44,7 +44,7 @@ import anyio
 from voice.agent.approvals import Approvals, Grants
 from voice.agent.loop import AgentLoop
 from voice.agent.loop_settings import LoopSettings, ToolEnv, ToolServices, history_budget
-from voice.agent.mcp.servers import LateResult, McpServer, McpServers
+from voice.agent.mcp.all_servers import McpServers
 from voice.agent.mcp.settings import ServerSpec, server_specs
 from voice.agent.providers import Hold, open_provider
 from voice.agent.providers.base import CountsTokens, Provider
@@ -180,6 +180,10 @@ def mcp_servers(specs: list[ServerSpec], store: EventStore, command_env: dict[st
     """MCP servers (the config's, or an editor's for its session); a result
     that comes after its call was cancelled is logged `late/output` and goes
     no further."""
+
+    if not specs:
+        return McpServers([])  # the MCP SDK is imported only for a server to run (voice.agent.mcp.all_servers)
+    from voice.agent.mcp.servers import LateResult, McpServer
 
     def late(result: LateResult) -> None:
         record_late(store, result.conversation, "mcp-result", tool_call_id=result.tool_call_id,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.agent.approvals import Approvals
-from voice.agent.mcp.servers import McpServers
+from voice.agent.mcp.all_servers import McpServers
 from voice.agent.timer_service import TimerService
 from voice.agent.tools.base import ToolContext
 from voice.log.window import TokenCounter, estimate_tokens, message_tokens, tools_tokens

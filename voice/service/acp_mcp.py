@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from voice.agent.mcp.servers import McpServers
+from voice.agent.mcp.all_servers import McpServers
 from voice.agent.mcp.settings import ServerSpec
 
 

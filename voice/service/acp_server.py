@@ -55,7 +55,7 @@ import anyio
 import anyio.abc
 
 from voice.agent.loop import AgentLoop
-from voice.agent.mcp.servers import McpServers
+from voice.agent.mcp.all_servers import McpServers
 from voice.agent.tools.base import ToolRegistry
 from voice.app import App, mcp_servers
 from voice.errors import UsageError

@@ -309,7 +309,8 @@ def check_mcp(config: Settings) -> list[Check]:
 
     from voice.agent.approvals import Grants, GrantsError
     from voice.app import command_environment
-    from voice.agent.mcp.servers import McpServer, McpServers
+    from voice.agent.mcp.all_servers import McpServers
+    from voice.agent.mcp.servers import McpServer
     from voice.agent.mcp.settings import server_specs
 
     specs = server_specs(config.mcp)

@@ -1,6 +1,7 @@
 """MCP servers as tool sources: each one's connection, for the life of the app.
 
-One task per server (`McpServer.run`, in the app's task group) holds its
+One task per server (`McpServer.run`, in the app's task group; the
+servers together are voice.agent.mcp.all_servers.McpServers) holds its
 `mcp.Client`: the official SDK runs the session and, when a call's wait is
 cancelled (a barge-in, a stop, the tool's timeout), sends
 `notifications/cancelled` for it (stdio and 2025-11-25 Streamable HTTP), or
@@ -32,15 +33,13 @@ import os
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
 import mcp_types
-from anyio.abc import TaskStatus
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -369,50 +368,3 @@ def _redact(text: str, server: McpServer) -> str:
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text.replace(server.spec.url, display_url(server.spec.url)) if server.spec.url else text
-
-
-@dataclass
-class McpServers:
-    """Every configured server; `run` in the app's task group."""
-
-    servers: list[McpServer]
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Start every enabled server (together, each within its start_timeout_s),
-        report started, then keep their connections until cancelled."""
-        async with anyio.create_task_group() as tg:
-            for server in self.servers:
-                tg.start_soon(server.run)
-            async with anyio.create_task_group() as starting:
-                for server in self.servers:
-                    if server.spec.enabled:
-                        starting.start_soon(server.start)
-            task_status.started()
-            await anyio.sleep_forever()
-
-    def tools(self) -> list[Tool]:
-        """Every offered tool, in server then tool order; a name two of them
-        would share gets a hash of the second's server and real name."""
-        out, taken = [], set()
-        for server in self.servers:
-            for tool in server.tools():
-                if tool.name in taken:
-                    digest = hashlib.sha256(f"{server.spec.name}\0{tool.origin}".encode()).hexdigest()[:8]
-                    tool = replace(tool, name=tool.name[:55] + "_" + digest)
-                taken.add(tool.name)
-                out.append(tool)
-        return out
-
-    def not_started(self) -> list[str]:
-        """One line per server that did not start: said to the person (its
-        head aloud), the assistant going on without its tools."""
-        return [f"The MCP server {s.spec.name} did not start: {s.error}; its tools are not offered (fix: {s.fix()})"
-                for s in self.failed()]
-
-    def warnings(self) -> list[str]:
-        """Lines for the log of the service: config that names tools a running server does not have."""
-        return [f"mcp: {line}" for s in self.servers if s.state == "running"
-                for line in s.spec.unknown_names({t.name for t in s.listed})]
-
-    def failed(self) -> list[McpServer]:
-        return [s for s in self.servers if s.state in ("failed", "crashed")]
