@@ -52,9 +52,10 @@ def cut_error(heard: list[str], delivered: list[str]) -> int | None:
 
 @cache
 def whisper():
+    from voice.speech.builder import loaded_once
     from voice.speech.stt import WhisperEngine
 
-    return WhisperEngine("base")
+    return loaded_once(WhisperEngine, "base", 2)  # the one in-process replays load (voice.toml's [stt] threads)
 
 
 def heard_words(audio: np.ndarray) -> list[str]:

@@ -20,7 +20,8 @@ import pytest
 from replayed import assert_same_outcome, read_session
 from voice.log import events as ev
 from voice.log.store import EventStore
-from test_service import Daemon, voice
+from test_service import Daemon, env_for, voice
+from voice_in_process import voice_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "barge-in" / "scenario.toml"
@@ -33,8 +34,10 @@ def converse(daemon: Daemon) -> None:
 
 
 def replay(tmp: Path, saved: Path) -> Path:
+    """`voice replay` of what was saved, run through its entry point in this process (the models
+    loaded once per worker; tests/voice_in_process.py): what was recorded is the subject here."""
     out = tmp / "replayed"
-    done = voice(tmp, "replay", str(saved / "scenario.toml"), "--out", str(out), timeout=300)
+    done = voice_replay([str(saved / "scenario.toml"), "--out", str(out)], env_for(tmp))
     assert done.returncode == 0, done.stderr
     assert f"using the recorded settings in {saved / 'config.toml'}" in done.stderr
     assert f"wrote {out}/mic.wav, played.wav, events.db, summary.json, requests.json (" in done.stdout  # all it wrote

@@ -1,6 +1,6 @@
 """Asking before a destructive call, by voice, end to end on replayed audio
-(real Silero, Whisper, Piper and the pipecat pipeline; `voice replay` in a
-process of its own): the question is said aloud, the person's next words
+(real Silero, Whisper, Piper and the pipecat pipeline; `voice replay`'s
+entry point, in the test process: tests/voice_in_process.py): the question is said aloud, the person's next words
 answer it (not a barge-in, not a new request, no wake word needed in the
 conversation window), and "Stop." over the question withdraws it. The call
 is dispatched only after a grant on the log."""
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from voice_in_process import voice_replay
 from voice.log import events as ev
 from voice.log.store import EventStore
 
@@ -27,8 +28,7 @@ pytestmark = pytest.mark.slow
 def replay(tmp_path: Path, name: str) -> tuple[list[ev.Event], str]:
     out = tmp_path / name
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    proc = subprocess.run([sys.executable, "-m", "voice", "replay", str(SCENARIOS / f"{name}.toml"), "--out",
-                           str(out), "-v"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = voice_replay([str(SCENARIOS / f"{name}.toml"), "--out", str(out), "-v"], env)  # in this process
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = EventStore(out / "events.db", read_only=True)
     try:

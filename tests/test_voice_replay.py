@@ -1,8 +1,9 @@
 """The voice pipeline end to end, on replayed audio (no sound card): real
 Silero VAD, faster-whisper, piper and the pipecat pipeline, with the
-scripted LLM. Each scenario runs once through `voice replay` in its own
-process (the replay clock patches time process-wide); the tests then read
-what it wrote: played.wav, events.db, summary.json, requests.json.
+scripted LLM. Each scenario runs once through `voice replay`'s entry point
+in the test process, one at a time (tests/voice_in_process.py: the models
+load once per worker); the tests then read what it wrote: played.wav,
+events.db, summary.json, requests.json.
 
 I1 is checked independently: faster-whisper transcribes the played audio of
 the cut reply, and that must match the delivered prefix within one word.
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from voice_in_process import voice_replay
 from heard import common_in_order, cut_error, heard_words, whisper, words
 from voice.audio.wav import read_mono16k
 from voice.log import events as ev
@@ -51,9 +53,7 @@ def replays(tmp_path_factory):
                 path = tmp_path_factory.mktemp(f"{name}_config") / "config.toml"
                 path.write_text(config)
                 given = ["--config", str(path)]
-            proc = subprocess.run([sys.executable, "-m", "voice", "replay", str(SCENARIOS / f"{name}.toml"),
-                                   "--out", str(out), "-v", *given], cwd=ROOT, env=env, capture_output=True,
-                                  text=True, timeout=240)
+            proc = voice_replay([str(SCENARIOS / f"{name}.toml"), "--out", str(out), "-v", *given], env)
             assert proc.returncode == 0, proc.stderr[-3000:]
             (out / "stdout.txt").write_text(proc.stdout)
             outs[name] = out
