@@ -18,6 +18,7 @@ import pytest
 
 from loopback_stt import LoopbackStt
 from voice.audio.wav import read_mono16k
+from voice.speech.builder import loaded_once
 from voice.speech.stt import RemoteSttEngine, WhisperEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,10 +35,11 @@ def _float(name: str) -> np.ndarray:
     return read_mono16k(AUDIO / name).astype(np.float32) / 32768
 
 
+@pytest.mark.slow  # Whisper, here and in the server
 @pytest.mark.parametrize("clip", ["what_time.wav", "set_timer.wav", "cough.wav"])
 def test_the_server_hears_what_local_recognition_hears(server, clip):
     remote = RemoteSttEngine(server.base_url, "tiny.en").transcribe(_float(clip))
-    local = WhisperEngine("tiny.en").transcribe(_float(clip))
+    local = loaded_once(WhisperEngine, "tiny.en").transcribe(_float(clip))
     assert (remote.text, remote.doubtful) == (local.text, local.doubtful)
     assert server.requests[-1]["model"] == "tiny.en" and server.requests[-1]["language"] == "en"
     assert server.requests[-1]["response_format"] == "verbose_json"  # for the doubt check's log-probabilities

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import anyio
 import numpy as np
+import pytest
 
 from killpoint import killpoints_fixture
 from test_flat_memory import play_to_end
@@ -34,6 +35,7 @@ SCENARIO = ROOT / "tests" / "fixtures" / "scenarios" / "markdown.toml"  # three 
 killpoints = killpoints_fixture()
 
 
+@pytest.mark.slow  # a whole `voice replay`, its models loaded
 def test_a_killed_replay_leaves_readable_sound_up_to_where_it_was(tmp_path, killpoints):
     """SIGKILL right after the first reply's first sentence is in the log:
     mic.wav and played.wav are there, readable, and hold the sound up to

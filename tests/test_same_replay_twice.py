@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
 
 
+@pytest.mark.slow  # two Piper voices loaded
 def test_two_voices_say_one_sentence_alike_and_a_long_one_whole():
     text = "Saturn is the sixth planet from the Sun, and the second largest."
     first, second = PiperEngine(16000), PiperEngine(16000)

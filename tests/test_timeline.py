@@ -191,6 +191,7 @@ def test_a_stop_and_its_request_after_a_breath_are_one_turn_wherever_the_frames_
         assert o.transcript[2:] == [f"you: {STOP_AND_ASK}", f"assistant: {HONEY}"], (when, o.transcript)
 
 
+@pytest.mark.slow  # 32 whole scenarios
 def test_the_vad_hears_the_same_speech_however_long_the_request_before_it_took_to_recognise(tmp_path):
     """A recording replays with recognition free on its clock, while live it
     took its time: the VAD must decide the same from the same audio. When

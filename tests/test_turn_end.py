@@ -238,6 +238,7 @@ def turn_end_bench():
     return turn_end
 
 
+@pytest.mark.slow  # Whisper recognises each clip
 @pytest.mark.parametrize("name", ["sonnet_l01_l02.wav", "sonnet_l03_l04.wav", "sonnet_l08.wav", "stop.wav",
                                   "cmu_go_forward.wav", "what_time.wav"])
 def test_real_speech_with_mid_sentence_pauses_is_one_turn(turn_end_bench, name):
@@ -246,7 +247,7 @@ def test_real_speech_with_mid_sentence_pauses_is_one_turn(turn_end_bench, name):
     all the same, even if recognition took no time at all (the case most
     prone to split). A clip without such a pause ends early."""
     from voice.config import load_config
-    from voice.speech.builder import vad_analyzer
+    from voice.speech.builder import loaded_once, vad_analyzer
     from voice.speech.settings import VoiceSettings
     from voice.speech.stt import WhisperEngine
 
@@ -254,7 +255,7 @@ def test_real_speech_with_mid_sentence_pauses_is_one_turn(turn_end_bench, name):
     vad = vad_analyzer(settings.vad)
     vad.set_sample_rate(RATE)
     clip = next(c for c in turn_end_bench.clips() if c["name"] == name)
-    row = turn_end_bench.run_clip(clip, WhisperEngine("tiny.en"), settings.turn_end, vad,
+    row = turn_end_bench.run_clip(clip, loaded_once(WhisperEngine, "tiny.en"), settings.turn_end, vad,
                                   settings.barge_in.stop_phrases, latency_s=0.0)
     assert row["utterances"] == 1, row["ends"]
     if name in ("cmu_go_forward.wav", "what_time.wav"):
