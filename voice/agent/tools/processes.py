@@ -331,9 +331,8 @@ class _Run:
     async def terminate(self, kill_after_s: float) -> None:
         try:
             with anyio.CancelScope(shield=True) as scope:
-                now = anyio.current_time()
-                scope.deadline = now + kill_after_s + 1.0
-                kill_at = now + kill_after_s
+                scope.deadline = anyio.current_time() + kill_after_s + 1.0
+                kill_at = math.inf  # kill_after_s from the first SIGTERM, not from before the scan that finds whom
                 while True:
                     found, self.group_alive = await anyio.to_thread.run_sync(
                         _scan, self.group, self.tag, self.pipes, dict(self.known)
@@ -347,6 +346,8 @@ class _Run:
                     else:
                         fresh = alive - self.termed
                         if fresh:
+                            if not self.termed:
+                                kill_at = anyio.current_time() + kill_after_s
                             self._signal(signal.SIGTERM, fresh)
                             self._signal(signal.SIGCONT, fresh)
                             self.termed |= fresh
