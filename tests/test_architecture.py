@@ -695,13 +695,22 @@ def test_open_voice_takes_its_options_grouped():
     assert [a.arg for a in args.args] == ["settings", "device", "options"]
 
 
-def test_a_command_with_no_mcp_server_does_not_import_the_mcp_sdk():
+def test_a_command_with_no_mcp_server_does_not_import_the_mcp_sdk(tmp_path):
     """The MCP SDK is 0.9 s of every `voice` command's start (#37): the app,
-    the agent loop and the ACP server import it only for a server to run."""
+    the agent loop, the ACP server and doctor import it only for a server to
+    run. Seen from the outside: `voice chat` and `voice doctor` under
+    `python -X importtime`, with no MCP server configured."""
+    import os
     import sys
 
-    probe = ("import sys, voice.app, voice.service.chat, voice.service.acp_server, voice.service.replay; "
-             "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", f"imported with no MCP server configured: {out.stdout.strip()[:300]}"
+    script = tmp_path / "reply.toml"
+    script.write_text('[[reply]]\ntext = "Hello."\n')
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "HF_HUB_OFFLINE": "1"}
+    for args in (["chat", "--db", str(tmp_path / "ev.db"), "--new"], ["doctor", "--no-load"]):
+        run = subprocess.run([sys.executable, "-X", "importtime", "-m", "voice", *args, "--llm", f"scripted:{script}"],
+                             cwd=ROOT, env=env, input="hello\n", capture_output=True, text=True, timeout=60)
+        imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+        assert "voice.cli" in imported, run.stderr[-2000:]
+        sdk = sorted(m for m in imported if m == "mcp" or m.startswith("mcp."))
+        assert not sdk, f"voice {args[0]} imported the MCP SDK with no server configured: {sdk[:5]}"

@@ -310,12 +310,13 @@ def check_mcp(config: Settings) -> list[Check]:
     from voice.agent.approvals import Grants, GrantsError
     from voice.app import command_environment
     from voice.agent.mcp.all_servers import McpServers
-    from voice.agent.mcp.servers import McpServer
     from voice.agent.mcp.settings import server_specs
 
     specs = server_specs(config.mcp)
     if not specs:
         return [Check("mcp servers", OK, "none configured ([mcp.servers.NAME] in the config adds one)")]
+    from voice.agent.mcp.servers import McpServer  # the MCP SDK, only for a server to start
+
     servers = McpServers([McpServer(spec, command_env=command_environment(config.tools), environ=os.environ)
                           for spec in specs])
     out: list[Check] = []
