@@ -56,10 +56,18 @@ NO_DEVICE_FIX = ("start the audio server if it is not running (`systemctl --user
                  "system's default); " + HEADLESS)
 
 
-def check_audio(config: Settings) -> list[Check]:
+def check_audio(config: Settings, service: dict | None = None) -> list[Check]:
     """The devices `voice run` would open: each one [audio] pins, else
     PortAudio's default, with its rate; and PortAudio's defaults beside a
-    pinned one. No device at all is said as such, with how to get one."""
+    pinned one. No device at all is said as such, with how to get one; while
+    the running service (its `status`, `service`) has lost its audio and is
+    retrying, that is a warning about now, not a problem that would stop it."""
+    retrying = service.get("audio_lost") if service else None
+    if retrying:
+        from voice.service.ctl_format import audio_state
+
+        waiting = (f"the running service's audio: {audio_state(service)}; it listens again by itself once a "
+                   "device is there")
     try:
         import sounddevice as sd
     except OSError as exc:
@@ -70,13 +78,16 @@ def check_audio(config: Settings) -> list[Check]:
         return [Check("microphone and speaker", FAIL, f"PortAudio cannot list the sound devices ({exc})",
                       NO_DEVICE_FIX)]
     if not len(listed):
+        if retrying:
+            return [Check("microphone and speaker", WARN, f"no sound device now (PortAudio finds none); {waiting}",
+                          NO_DEVICE_FIX)]
         return [Check("microphone and speaker", FAIL, "no sound device: PortAudio finds none (no audio server answers, and no sound "
                       "card is there)", NO_DEVICE_FIX)]
     out = []
     for kind, key in (("input", "microphone"), ("output", "speaker")):
         if not any(d[f"max_{kind}_channels"] > 0 for d in listed):
-            out.append(Check(key, FAIL, f"no sound device with an {kind}: PortAudio lists {len(listed)}, none "
-                             f"with an {kind}", NO_DEVICE_FIX))
+            out.append(Check(key, WARN if retrying else FAIL, f"no sound device with an {kind}: PortAudio lists "
+                             f"{len(listed)}, none with an {kind}" + (f"; {waiting}" if retrying else ""), NO_DEVICE_FIX))
             continue
         wanted = getattr(config.audio, kind) or None
         default = _default_device(sd, kind)
@@ -106,28 +117,37 @@ def _default_device(sd, kind: str) -> str:
     return f"{info['name']!r} @ {int(info['default_samplerate'])} Hz"
 
 
-def check_audio_in_use(config: Settings) -> list[Check]:
-    """The sound devices a running service has open, from its control
-    socket: in use, lost and retrying, or a muted microphone. Nothing
-    when no service runs (check_service says so)."""
+def running_service_status(config: Settings) -> dict | str | None:
+    """The running service's `status`, from its control socket; None when
+    no service runs (check_service says so); why, when it did not answer."""
     import anyio
 
     from voice.errors import Failed, UsageError
     from voice.service.control import request
-    from voice.service.ctl_format import audio_state
 
     sock = config.service.socket_path
     if not sock.exists():
-        return []
+        return None
 
     async def ask() -> dict:
         with anyio.fail_after(3.0):
             return await request(sock, {"cmd": "status"}, lambda reply: None)
 
     try:
-        status = anyio.run(ask)
+        return anyio.run(ask)
     except (UsageError, Failed, TimeoutError) as exc:
-        return [Check("audio in use", WARN, f"the running service did not say ({exc})",
+        return str(exc) or type(exc).__name__
+
+
+def check_audio_in_use(status: dict | str | None) -> list[Check]:
+    """The sound devices a running service has open (its `status`): in use,
+    lost and retrying, or a muted microphone. Nothing when no service runs."""
+    from voice.service.ctl_format import audio_state
+
+    if status is None:
+        return []
+    if isinstance(status, str):
+        return [Check("audio in use", WARN, f"the running service did not say ({status})",
                       "voice ctl status, or restart it: systemctl --user restart voice")]
     state = audio_state(status)
     if status.get("audio_lost"):
@@ -396,8 +416,9 @@ def run_doctor(config_path: str | None, llm: str | None = None, load_models: boo
     config_check, config = check_config(config_path, llm_model)
     checks = [config_check]
     if config is not None:
-        checks += check_audio(config)
-        checks += check_audio_in_use(config)
+        service = running_service_status(config)
+        checks += check_audio(config, service if isinstance(service, dict) else None)
+        checks += check_audio_in_use(service)
         checks += check_models(config, load_models)
         checks.append(check_llm(config, llm))
         checks.append(check_context(config))
