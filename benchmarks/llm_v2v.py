@@ -15,7 +15,19 @@ clock while the model streams, so the model's time counts as it would live.
 The breakdown (benchmarks/replays.py `v2v_breakdown`): end-of-turn decision,
 Whisper, the model's first token and first sentence, then piper and the
 first device block. The server and piper compete for the same 2 cores, as
-on a laptop.
+on a laptop. Under each clip's line its waterfall (benchmarks/waterfall.py,
+read from the replay's log): end of speech -> speculative words -> early
+request -> first token -> first sentence -> its audio ready -> commit ->
+first sample played, ms after the end of speech, and how much of it ran
+under the end-of-turn wait; at the end p50/p95 of each stage, and the early
+starts used and dropped with what they cost (the server's CPU per clip, the
+Piper time of first sentences synthesized early and never played).
+
+    python benchmarks/llm_v2v.py --server llama-server --stt-model tiny.en --clips what_time.wav --reply-tokens 16 --turn-end-s 3
+
+A quick run (the test's): one clip, replies cut at 16 tokens, a 3 s
+end-of-turn wait so that the early start runs under it even on a loaded
+machine.
 
     python benchmarks/llm_v2v.py --turns 200 [--server llama-server] [--context-tokens 1024] [--csv OUT.csv] [--json OUT]
 

@@ -32,7 +32,8 @@ def waterfall(summary: dict[str, Any], events: list[dict[str, Any]]) -> list[dic
     """One row per turn that played: each stage's stamp (ms after the end of
     speech; None where the turn had none: no early start), `early` (the turn
     read an early start), `early_audio` (its first sentence was synthesized
-    before the commit) and `overlap_ms`."""
+    speculatively, from the early stream: voice.speech.early_speech) and
+    `overlap_ms`."""
     rows = []
     for part in v2v_breakdown(summary, events):
         turn = part["turn"]
@@ -92,8 +93,8 @@ def line(row: dict[str, Any]) -> str:
     stamps = [(k, row[k]) for k in CHAIN if row[k] is not None]
     at = next((i for i, (_, v) in enumerate(stamps) if v > row["commit"]), len(stamps))
     stamps.insert(at, ("commit", row["commit"]))
-    what = ("early start, its audio made before the commit" if row["early_audio"] else "early start" if row["early"]
-            else "no early start")
+    what = ("early start, its first sentence synthesized speculatively" if row["early_audio"]
+            else "early start" if row["early"] else "no early start")
     return ("end of speech 0 -> " + " -> ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in stamps)
             + f" ms  ({what}; under the end-of-turn wait: {row['overlap_ms']:.0f} ms)")
 

@@ -59,7 +59,7 @@ class Synthesis:
 
     job: asyncio.Future  # of SpeechAudio
     asked: float
-    early: bool  # started before its turn was committed (voice.speech.early_speech)
+    early: bool  # the early start's, speculative (voice.speech.early_speech)
     ready: float | None = None
 
     @classmethod
