@@ -147,7 +147,8 @@ def test_llm_v2v_prints_where_each_millisecond_goes(tmp_path):
     assert row["words"] <= row["request"] < row["commit"] and row["overlap_ms"] > 0, row
     assert row["played"] == turn["v2v_ms"] and row["commit"] < row["played"]
     [printed] = [ln for ln in proc.stdout.splitlines() if "waterfall: end of speech 0 ->" in ln]
-    named = [stage for stage in (*CHAIN, "commit") if stage.replace("_", " ") + " " in printed]
+    stamps = printed.split(" ms  (")[0]
+    named = [stage for stage in (*CHAIN, "commit") if f"-> {stage.replace('_', ' ')} " in stamps]
     assert set(named) == {k for k in STAGES if row[k] is not None}, printed
     result = json.loads(out.read_text())
     assert {k for k, s in result["waterfall"].items() if s["n"] == 1} >= {"first_token", "commit", "played"}
