@@ -68,6 +68,16 @@ def _llm_v2v(d: dict) -> tuple[str, str]:
             f"server at the voice's priority: {nice0['p50']:,.0f} / {nice0['p95']:,.0f}")
 
 
+def _llm_v2v_servers(d: dict) -> tuple[str, str]:
+    def load(run: dict) -> str:  # 1-minute load averages at its start and end: the machine was shared
+        return f"load {run['load_avg_at_start'][0]:.1f}-{run['load_avg_at_end'][0]:.1f}"
+
+    ls, py = d["llama_server"], d["python"]
+    a, b = ls["groups"]["all"]["v2v_ms"], py["groups"]["all"]["v2v_ms"]
+    return (f"{_ms(a['p50'])} p50, {a['p95']:,.0f} p95 ({load(ls)} on 2 cores)",
+            f"llama-cpp-python right after ({load(py)}): {b['p50']:,.0f} / {b['p95']:,.0f}")
+
+
 def _long(d: dict) -> tuple[str, str]:
     s = d["summary"]["first_char_ms"]
     same = [t["server"]["own"]["prompt_eval_ms"] for t in d["per_turn"]
@@ -115,6 +125,9 @@ ROWS = [
         "benchmarks/llm_v2v.py --stt-model tiny.en [--server-nice 5]", "results-llm-v2v-tiny*.json", _llm_v2v),
     Row("200 typed turns past the context budget, same server", "benchmarks/llm_v2v.py --turns 200",
         "results-llm-long-idle-rerun.json", _long),
+    Row("voice to voice, SmolLM2-135M on llama-server with tools (`--jinja`), tiny.en",
+        "benchmarks/llm_v2v.py --stt-model tiny.en --server llama-server", "results-llm-v2v-*-waterfall.json",
+        _llm_v2v_servers),
     Row("words wrong in the recorded reply vs what was heard (mean)", "benchmarks/run.py", "results-full.json",
         lambda d: (f"{d['prefix_error_words_mean']:.1f}", f"stock pipecat: {d['peer_prefix_error_words_mean']:.1f}")),
     Row("every task and process of a stopped turn gone (p95)", "benchmarks/run.py", "results-full.json",
@@ -146,6 +159,9 @@ ROWS = [
 def _load(name: str) -> Any:
     if name == "results-llm-v2v-tiny*.json":  # two runs back to back, one window: the server's priority
         return {"nice0": _load("results-llm-v2v-tiny.json"), "nice5": _load("results-llm-v2v-tiny-nice5.json")}
+    if name == "results-llm-v2v-*-waterfall.json":  # the two servers back to back, one window
+        return {"llama_server": _load("results-llm-v2v-llama-server-waterfall.json"),
+                "python": _load("results-llm-v2v-python-waterfall.json")}
     return json.loads((HERE / name).read_text(encoding="utf-8"))
 
 

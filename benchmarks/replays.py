@@ -133,7 +133,7 @@ def v2v_breakdown(summary: dict[str, Any], events: list[dict[str, Any]]) -> list
         rest = v2v - eot - stt - fs
         out.append({
             "turn": turn["turn"], "v2v_ms": v2v, "eot_ms": eot, "stt_ms": stt, "first_token_ms": ft,
-            "first_sentence_ms": fs, "first_audio_ms": rest, "text_ready_s": text_ready,
+            "first_sentence_ms": fs, "first_audio_ms": rest, "text_ready_s": text_ready, "speech_end_s": speech_end,
         })
     return out
 

@@ -110,3 +110,47 @@ def test_mcp_orphans_benchmark_runs(tmp_path):
     for name, row in r["kill_9"].items():
         assert "skipped" in row or (row["orphans"], row["crashes"]) == (0, 1), (name, row)
     assert [row["left_after_stop"] for row in r["stop"].values()] == [0, 0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.llm_server
+@pytest.mark.timeout(300)
+def test_llm_v2v_prints_where_each_millisecond_goes(tmp_path):
+    """#38.5: benchmarks/llm_v2v.py against llama-server, at its smallest (one
+    clip, tiny.en, replies cut at 16 tokens), prints each turn's waterfall
+    (end of speech -> speculative words -> early request -> first token ->
+    first sentence -> its audio ready -> commit -> first sample played) read
+    from the log, its stamps in their order of causes, and the summary per
+    stage with the early starts used and dropped and what they cost. The
+    end-of-turn wait is 3 s, so the early start runs under it even on a
+    loaded machine (Whisper and the model slow)."""
+    from llm_server import LLAMA_SERVER, missing
+
+    if (why := missing(LLAMA_SERVER)) is not None:
+        pytest.skip(f"no {LLAMA_SERVER}: {why}")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from waterfall import CHAIN, STAGES, monotone
+
+    out = tmp_path / "v2v.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "llm_v2v.py"), "--server", LLAMA_SERVER,
+                           "--stt-model", "tiny.en", "--clips", "what_time.wav", "--reply-tokens", "16",
+                           "--turn-end-s", "3", "--json",
+                           str(out)], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [turn] = json.loads(out.read_text())["turns"]
+    row = turn["waterfall"]
+    assert turn["early_used"] == turn["early_starts"] == 1 and row["early"], (turn, row)
+    for stage in STAGES:
+        assert isinstance(row[stage], float), (stage, row)
+    assert monotone(row), row
+    assert row["words"] <= row["request"] < row["commit"] and row["overlap_ms"] > 0, row
+    assert row["played"] == turn["v2v_ms"] and row["commit"] < row["played"]
+    [printed] = [ln for ln in proc.stdout.splitlines() if "waterfall: end of speech 0 ->" in ln]
+    stamps = printed.split(" ms  (")[0]
+    named = [stage for stage in (*CHAIN, "commit") if f"-> {stage.replace('_', ' ')} " in stamps]
+    assert set(named) == {k for k in STAGES if row[k] is not None}, printed
+    result = json.loads(out.read_text())
+    assert {k for k, s in result["waterfall"].items() if s["n"] == 1} >= {"first_token", "commit", "played"}
+    assert "early starts:" in proc.stdout and "dropped" in proc.stdout and "waterfall, ms after the end of speech" in proc.stdout
+    assert {"early_starts", "early_used", "early_sentences_dropped_s"} <= set(result["early_start"])

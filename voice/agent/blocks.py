@@ -105,6 +105,11 @@ class BlockAssembler:
         else:  # pragma: no cover - the Delta union is closed
             raise TypeError(f"not a stream delta: {delta!r}")
 
+    def offset_ms(self, at: float) -> float:
+        """A `time.monotonic()` reading as an offset of the timed stream
+        (ms from its start; negative: before it)."""
+        return round((at - self._started) * 1000, 1)
+
     def note_error(self, message: str) -> None:
         self.timed_stream.append([round((time.monotonic() - self._started) * 1000, 1), "error", message])
 

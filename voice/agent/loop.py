@@ -314,7 +314,7 @@ class AgentLoop:
         on a provider error records the attempt and re-raises."""
         ref = UnitRef(self.conversation, state.turn, state.step, state.attempt)
         assembler = BlockAssembler()
-        state.streaming = Streaming(ref, assembler)
+        state.streaming = streaming = Streaming(ref, assembler)
         rows.stream_start(self.store, self._at(state), self._route())
         self.surface.open(ref)
         schemas = self.tools.schemas()
@@ -325,6 +325,7 @@ class AgentLoop:
         early, state.early = state.early, None
         if early is not None and early.request == request:  # started before the commit: read from its start
             stream = early.stream()
+            streaming.early = early
         else:
             if early is not None:
                 self.drop_early(early)
@@ -344,7 +345,7 @@ class AgentLoop:
             assembler.note_error(str(exc))
             assembler.close()
             self.surface.discard(ref, "error")
-            rows.attempt(self.store, self._at(state), "error", **self._stream_fields(ref, assembler))
+            rows.attempt(self.store, self._at(state), "error", **self._stream_fields(streaming))
             rows.stream_failed(self.store, self._at(state), str(exc))
             rows.request_failed(self.store, self._at(state), str(exc), exc.status, exc.retryable)
             state.streaming = None
@@ -354,7 +355,7 @@ class AgentLoop:
                 await stream.aclose()
         await self.surface.close(ref)
         calls = own_ids(ref, assembler.tool_calls())
-        record = self._stream_fields(ref, assembler)
+        record = self._stream_fields(streaming)
         if gate is not None:  # the message holds what came before the write; the rest waits for receipts
             state.held_text = "".join(b.text for b in assembler.blocks[gate:] if b.type == TEXT)
             record["content"] = [b.to_json() for b in assembler.blocks[:gate] if b.type in (TEXT, REASONING) and b.text.strip()]
@@ -367,10 +368,9 @@ class AgentLoop:
         state.streaming = None
         return assembler
 
-    def _stream_fields(self, ref: UnitRef, assembler: BlockAssembler) -> dict[str, Any]:
+    def _stream_fields(self, streaming: Streaming) -> dict[str, Any]:
         """What an assistant message or attempt records of its stream."""
-        return {"message_id": ref.message_id, "content": assembler.content_blocks(), "route": self._route(),
-                "finish_reason": assembler.finish_reason, "stream": assembler.timed_stream}
+        return {**streaming.fields(), "route": self._route()}
 
     async def _run_calls(self, state: TurnState, calls: list[ToolCall]) -> bool:
         """Run the step's calls, then say what was held after a write. True
@@ -457,14 +457,15 @@ class AgentLoop:
     async def _record_cancel(self, state: TurnState, outcome: str, reason: str | None = None) -> None:
         await self.surface.stop()
         if state.streaming is not None:
-            ref, assembler = state.streaming.ref, state.streaming.assembler
+            streaming = state.streaming
+            ref, assembler = streaming.ref, streaming.assembler
             assembler.close()
             content = delivered_prefix(assembler.interrupted_blocks(), self.surface.delivered(ref))
             if content:
-                record = {**self._stream_fields(ref, assembler), "content": content}
+                record = {**self._stream_fields(streaming), "content": content}
                 self._record(state, ev.AssistantMessage(interrupted=True, surfaceOp="append", **record))
             else:
-                rows.attempt(self.store, self._at(state), "aborted", **self._stream_fields(ref, assembler))
+                rows.attempt(self.store, self._at(state), "aborted", **self._stream_fields(streaming))
             rows.stream_stopped(self.store, self._at(state))
             state.streaming = None
         for ref in state.playing:

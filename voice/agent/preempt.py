@@ -23,13 +23,14 @@ the process until the commit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import anyio
 
-from voice.agent.providers.base import Delta, ModelRequest, Provider, ProviderError
+from voice.agent.providers.base import Delta, ModelRequest, Provider, ProviderError, TextDelta
 
 
 @dataclass(eq=False)
@@ -42,6 +43,11 @@ class EarlyStart:
     error: ProviderError | None = None
     finished: bool = False
     taken: bool = False  # a committed turn reads it
+    # When (time.monotonic, read at call time: a replay's virtual clock) its words were known, its request
+    # went out and its first text came: the turn that reads it logs them (`assistant/message` early).
+    words_at: float = field(default_factory=lambda: time.monotonic())
+    sent_at: float | None = None
+    first_text_at: float | None = None
     _scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
@@ -52,9 +58,12 @@ class EarlyStart:
     async def run(self) -> None:
         """Buffer the stream (in the task group of whoever started it)."""
         with self._scope:
+            self.sent_at = time.monotonic()
             stream = self.provider.stream(self.request)
             try:
                 async for delta in stream:
+                    if self.first_text_at is None and isinstance(delta, TextDelta):
+                        self.first_text_at = time.monotonic()
                     self.deltas.append(delta)
                     self._wake()
             except ProviderError as exc:  # the committed turn sees it as its own request's error

@@ -56,12 +56,12 @@ def stream_stopped(store: EventStore, place: Place, reason: str = UNSET) -> None
 
 def attempt(store: EventStore, place: Place, reason: str, *, message_id: str, content: list[ev.ContentBlock],
             route: ev.Route | None = UNSET, finish_reason: str | None = UNSET, stream: list[Any] | None = UNSET,
-            receipts: list[str] | None = UNSET) -> None:
+            receipts: list[str] | None = UNSET, early: dict[str, float | None] | None = UNSET) -> None:
     """A stream kept for the record that adds nothing to history (`reason`:
     empty | error | aborted | withheld | crashed | superseded | warm)."""
     record(store, place, ev.AssistantAttempt(message_id=message_id, content=content, route=route,
                                              finish_reason=finish_reason, stream=stream, reason=reason,
-                                             receipts=receipts))
+                                             receipts=receipts, early=early))
 
 
 def request_failed(store: EventStore, place: Place, message: str, status: int | None, retryable: bool) -> None:

@@ -17,6 +17,19 @@ from voice.log import events as ev
 class Streaming:
     ref: UnitRef
     assembler: BlockAssembler
+    early: EarlyStart | None = None  # the early start it reads (started before the commit)
+
+    def fields(self) -> dict[str, Any]:
+        """What an assistant message or attempt records of the stream
+        (besides its route): with an early start, when it began."""
+        a = self.assembler
+        out = {"message_id": self.ref.message_id, "content": a.content_blocks(), "finish_reason": a.finish_reason,
+               "stream": a.timed_stream}
+        if (e := self.early) is not None:
+            out["early"] = {"words_ms": a.offset_ms(e.words_at),
+                            "sent_ms": a.offset_ms(e.sent_at) if e.sent_at is not None else None,
+                            "first_text_ms": a.offset_ms(e.first_text_at) if e.first_text_at is not None else None}
+        return out
 
 
 @dataclass

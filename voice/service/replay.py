@@ -302,10 +302,12 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
         "listener": {"blocks": listen.blocks, "vad_runs": listen.activity.runs,
                      "wake_runs": listen.addressing.runs},
         # speculative recognitions, and model requests started before their turn (voice.agent.preempt)
-        # and their first sentences synthesized before the commit, and those a turn played (voice.speech.early_speech)
+        # and their first sentences synthesized before the commit, those a turn played and the compute time of
+        # those it did not (voice.speech.early_speech)
         "turn_end": {"speculations": tracker.speculations, "used": tracker.used,
                      "early_starts": session.parts.turns.early_starts, "early_used": session.parts.turns.early_used,
-                     "early_sentences": early_speech.synthesized, "early_sentences_used": early_speech.used},
+                     "early_sentences": early_speech.synthesized, "early_sentences_used": early_speech.used,
+                     "early_sentences_dropped_s": round(early_speech.dropped_s, 3)},
         "device": {
             "echo_cancellation": session.echo is not None,
             "timing": device.scenario.timing,  # "recorded": inference took no time on this clock

@@ -21,7 +21,8 @@ here, never handed to the speaker, the log or the transcript.
 
 The speculation costs the CPU one sentence's synthesis while the person is
 silent (an early start begins only while the assistant is); `synthesized`
-and `used` count them (a replay's summary, the benchmarks).
+and `used` count them, `dropped_s` adds up the compute time of those never
+played (a replay's summary, the benchmarks).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from voice.agent.preempt import EarlyStart
 from voice.agent.providers.base import TextDelta, ToolCallDelta
 from voice.agent.surface import UnitRef
 from voice.speech.speakable import SpeakableStream
-from voice.speech.tts import TtsEngine
+from voice.speech.tts import Synthesis, TtsEngine
 
 
 @dataclass(eq=False)
 class _First:
     early: EarlyStart
     text: str | None = None  # the spoken form of its first sentence, once known
-    job: asyncio.Future | None = None  # its synthesis
+    synthesis: Synthesis | None = None  # its synthesis
 
 
 class EarlySpeech:
@@ -49,6 +50,7 @@ class EarlySpeech:
         self._tts = tts
         self._held: _First | None = None
         self.synthesized = self.used = 0
+        self.dropped_s = 0.0  # compute time of the syntheses never played
 
     async def run(self, early: EarlyStart) -> None:
         """Follow `early` (beside its `run`, in the same task group) until its
@@ -76,10 +78,10 @@ class EarlySpeech:
         if self._held is not first or not sentences or not sentences[0].text.strip():
             return
         first.text = sentences[0].text
-        first.job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, first.text)
+        first.synthesis = Synthesis.start(self._tts, first.text, early=True)
         self.synthesized += 1
 
-    def claim(self, ref: UnitRef, index: int, text: str) -> asyncio.Future | None:
+    def claim(self, ref: UnitRef, index: int, text: str) -> Synthesis | None:
         """The held synthesis, when this sentence is the one it is of: the
         first sentence of the first message of the turn that read the early
         start, with the same spoken text. The hold is let go either way once
@@ -88,11 +90,11 @@ class EarlySpeech:
         if first is None or not first.early.taken or (ref.step, ref.attempt, ref.part, index) != (0, 0, 0, 0):
             return None
         self._held = None
-        if first.job is None or text != first.text:  # (one not yet begun never begins)
+        if first.synthesis is None or text != first.text:  # (one not yet begun never begins)
             self._discard(first)
             return None
         self.used += 1
-        return first.job
+        return first.synthesis
 
     def drop(self, early: EarlyStart) -> None:
         """`early` was dropped, or its turn is over: its audio is never used."""
@@ -100,14 +102,12 @@ class EarlySpeech:
             self._discard(self._held)
             self._held = None
 
-    @staticmethod
-    def _discard(first: _First | None) -> None:
-        if first is not None and first.job is not None:
-            first.job.add_done_callback(_collect)
+    def _discard(self, first: _First | None) -> None:
+        if first is not None and first.synthesis is not None:
+            first.synthesis.job.add_done_callback(self._collect)
 
-
-def _collect(job: asyncio.Future) -> None:
-    """Retrieve an abandoned job's outcome (no 'exception was never
-    retrieved'); nothing else happens with it."""
-    if not job.cancelled():
-        job.exception()
+    def _collect(self, job: asyncio.Future) -> None:
+        """Retrieve an abandoned job's outcome (no 'exception was never
+        retrieved'); only its compute time is counted (`dropped_s`)."""
+        if not job.cancelled() and job.exception() is None:
+            self.dropped_s += job.result().seconds

@@ -42,7 +42,7 @@ from voice.speech.barge_in import BargeInController
 from voice.speech.early_speech import EarlySpeech
 from voice.speech.listener import ForAssistant, Listener
 from voice.speech.stt import SttEngine, SttUnavailable, Transcript
-from voice.speech.tts import SpeechAudio, TtsEngine
+from voice.speech.tts import SpeechAudio, Synthesis, TtsEngine
 from voice.speech.turn_end import TurnEndTracker
 from voice.speech.vad_gate import SoundGate, VoiceActivity
 from voice.speech.voice_surface import Sentence, VoiceSurface
@@ -84,6 +84,7 @@ class SpeakFrame(DataFrame):
 class SpeechAudioFrame(DataFrame):
     sentence: Sentence
     audio: SpeechAudio
+    synthesis: Synthesis | None = None  # when it was asked for and ready
 
 
 class Speculation(Protocol):
@@ -339,9 +340,10 @@ class SpeakProcessor(FrameProcessor):
         if not self._surface.is_current(sentence.ref):
             self._late.late("tts-text", sentence.ref, {"sentence": sentence.index})
             return
-        job = self._early.claim(sentence.ref, sentence.index, sentence.text) if self._early is not None else None
-        if job is None:
-            job = asyncio.get_running_loop().run_in_executor(None, self._tts.synthesize, sentence.text)
+        synthesis = self._early.claim(sentence.ref, sentence.index, sentence.text) if self._early is not None else None
+        if synthesis is None:
+            synthesis = Synthesis.start(self._tts, sentence.text)
+        job = synthesis.job
         self.busy = True
         try:
             audio = await asyncio.shield(job)
@@ -357,7 +359,7 @@ class SpeakProcessor(FrameProcessor):
             raise
         finally:
             self.busy = False
-        await self.push_frame(SpeechAudioFrame(sentence=sentence, audio=audio))
+        await self.push_frame(SpeechAudioFrame(sentence=sentence, audio=audio, synthesis=synthesis))
 
 
 class PlayProcessor(FrameProcessor):
@@ -368,7 +370,7 @@ class PlayProcessor(FrameProcessor):
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, SpeechAudioFrame):
-            self._surface.play(frame.sentence, frame.audio)
+            self._surface.play(frame.sentence, frame.audio, frame.synthesis)
         elif isinstance(frame, InterruptionFrame):
             self._surface.buffer.request_clear()
             await self.push_frame(frame, direction)

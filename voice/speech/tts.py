@@ -10,6 +10,7 @@ count maps straight to a delivered character prefix.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass
@@ -48,6 +49,28 @@ class TtsEngine(Protocol):
     def synthesize(self, text: str) -> SpeechAudio:
         """Blocking; run it in an executor."""
         ...
+
+
+@dataclass(eq=False)
+class Synthesis:
+    """One sentence synthesized in the executor, and when (`time.monotonic`,
+    read at call time: the log's `at_mono` clock, a replay's virtual one) it
+    was asked for and its audio was ready: `speech/sentence` logs them."""
+
+    job: asyncio.Future  # of SpeechAudio
+    asked: float
+    early: bool  # the early start's, speculative (voice.speech.early_speech)
+    ready: float | None = None
+
+    @classmethod
+    def start(cls, tts: TtsEngine, text: str, *, early: bool = False) -> Synthesis:
+        """`text` synthesized in the default executor, from now."""
+        synthesis = cls(asyncio.get_running_loop().run_in_executor(None, tts.synthesize, text), time.monotonic(), early)
+        synthesis.job.add_done_callback(synthesis._done)
+        return synthesis
+
+    def _done(self, job: asyncio.Future) -> None:
+        self.ready = time.monotonic()
 
 
 def _phoneme_word_spans(phonemes: list[str], sample_counts: list[int]) -> list[tuple[int, int]]:

@@ -63,7 +63,7 @@ from voice.agent.surface import Delivered, UnitRef
 from voice.audio.playback import PlaybackBuffer
 from voice.log.events import SpeechSentence
 from voice.speech.speakable import SpeakableStream, SpokenSentence
-from voice.speech.tts import SpeechAudio
+from voice.speech.tts import SpeechAudio, Synthesis
 
 _SNAKE = re.compile(r"\b[A-Za-z]+(?:_+[A-Za-z]+)+\b")  # unlock_door, home__unlock_door
 _CAMEL = re.compile(r"\b[A-Z][a-z]+(?:[A-Z][a-z]+)+\b")  # HassTurnOff
@@ -110,6 +110,7 @@ class _Said:
     words: tuple
     length: int
     method: str
+    synthesis: Synthesis | None  # when it was asked for and ready
 
 
 @dataclass
@@ -344,7 +345,7 @@ class VoiceSurface:
         unit = self._units.get(ref)
         return unit is not None and unit.current
 
-    def play(self, sentence: Sentence, audio: SpeechAudio) -> bool:
+    def play(self, sentence: Sentence, audio: SpeechAudio, synthesis: Synthesis | None = None) -> bool:
         """Queue a synthesized sentence for the speaker, unless its unit is no
         longer current (then it is late: logged and dropped)."""
         unit = self._units.get(sentence.ref)
@@ -354,7 +355,7 @@ class VoiceSurface:
         self.buffer.enqueue(sentence.key, audio.samples, self.play_at.get((sentence.ref.message_id, sentence.index)))
         # Keep what delivery needs (word timings, length), not the samples:
         # the buffer frees them once played.
-        unit.audio[sentence.index] = _Said(audio.words, len(audio.samples), audio.method)
+        unit.audio[sentence.index] = _Said(audio.words, len(audio.samples), audio.method, synthesis)
         self._notify()
         return True
 
@@ -380,11 +381,13 @@ class VoiceSurface:
             said = unit.audio.get(s.index)
             span = self.buffer.span(s.key)
             words = [[*self._source_span(unit.text, s, w), w.start, w.end] for w in (said.words if said else ())]
+            timed = said.synthesis if said else None
+            when = {} if timed is None else {"asked": timed.asked, "ready": timed.ready, "early": timed.early}
             bodies.append(SpeechSentence(
                 message_id=unit.ref.message_id, index=s.index, char_start=s.char_start,
                 char_end=s.spoken.source_end, start=span[0] if span else None,
                 length=said.length if said else 0, handed=self.buffer.handed(s.key),
-                method=said.method if said else "unsynthesized", words=words))
+                method=said.method if said else "unsynthesized", words=words, **when))
         self.on_sentences(unit.ref, bodies)
 
     @staticmethod

@@ -75,6 +75,11 @@ class SpeechSentence(Body):
     handed: int  # samples handed to the device
     method: str  # how word times were found (alignments, estimate, failed)
     words: list[list[int]] = field(default_factory=list)  # [char_start, char_end, start, end]: sentence samples
+    # When its synthesis was asked for and its audio was ready, on the log's at_mono clock; `early`: made by
+    # the early start's speculative synthesis (voice.speech.early_speech), begun before the commit or after it.
+    asked: float | None = optional()
+    ready: float | None = optional()
+    early: bool = optional(False)
 
 
 @dataclass(frozen=True, kw_only=True)

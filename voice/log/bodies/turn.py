@@ -97,6 +97,10 @@ class _Streamed(Body):
     route: Route | None = optional()
     finish_reason: str | None = optional()
     stream: list[TimedDelta] | None = optional()
+    # Read from an early start (voice.agent.preempt): when, on the `stream`'s offsets (ms from its start,
+    # negative: before the turn was committed), its words were known (`words_ms`), its request went out
+    # (`sent_ms`) and its first text came (`first_text_ms`; null: none came).
+    early: dict[str, float | None] | None = optional()
 
     @property
     def text(self) -> str:
