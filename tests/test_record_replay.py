@@ -479,3 +479,39 @@ def test_a_saved_ring_keeps_the_turns_of_every_conversation_of_the_session(tmp_p
     recorded = read_session(saved / "events.db")
     assert [t.outcome for t in recorded.turns] == ["aborted", "completed"]
     assert (saved / "scenario.toml").read_text().count("[[reply]]") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_recording_over_a_lost_sound_card_replays_the_loss(tmp_path):
+    """F10 (#36): a session recorded while the sound card went in the middle
+    of a reply kept no trace of it in its scenario, so the replay played the
+    reply to its end (`completed`) where the session had cut it (`interrupted`,
+    audio_lost). The saved scenario now loses the card where the mic had got
+    to, for as long as it was away, and the replay gives the same turns."""
+    scenario = tmp_path / "lost.toml"
+    scenario.write_text(
+        f'[[user]]\naudio = "{ROOT / "examples" / "barge-in" / "three_points.wav"}"\nat = 0.5\n\n'
+        "[[audio_lost]]\nat = 5.0\nback_after = 2.0\n\n"
+        '[[reply]]\nchunk_delay_ms = 40\ntext = "First, the sea covers most of the planet. Second, it holds '
+        'nearly all of the water on Earth. Third, its deepest point is almost eleven kilometres down."\n')
+    rec = tmp_path / "rec"
+    daemon = Daemon(tmp_path / "d", scenario, extra_args=("--record", str(rec)))
+    try:
+        daemon.pump(lambda: any(e.type == ev.AUDIO_BACK for e in daemon.events())
+                    and any(e.type == ev.TURN_END for e in daemon.events()), timeout=150)
+        time.sleep(1.0)
+    finally:
+        assert daemon.stop() < 20 and daemon.proc.returncode == 0, daemon.err_text()
+    recorded = read_session(rec / "events.db")
+    assert [(t.outcome, t.interrupted) for t in recorded.turns] == [("interrupted", True)], recorded
+    (lost,) = tomllib.loads((rec / "scenario.toml").read_text())["audio_lost"]
+    assert lost["at"] == pytest.approx(5.0, abs=0.1) and lost["back_after"] == pytest.approx(2.0, abs=0.5), lost
+    out = replay(tmp_path, rec)
+    assert_same_outcome(recorded, read_session(out / "events.db"))
+    replayed = EventStore(out / "events.db", read_only=True)
+    try:
+        (end,) = [e for e in replayed.events() if e.type == ev.TURN_END]
+    finally:
+        replayed.close()
+    assert (end.body.outcome, end.body.reason) == (ev.INTERRUPTED, ev.AUDIO_LOST_REASON)

@@ -24,7 +24,8 @@ replay never acts on the world.
 Requests that were typed (`voice ctl say`) are `[[say]]` tables, typed
 again at the second their turn began; each `voice ctl mute`, `unmute`,
 `cancel` and `new` (its `listen/control` row) a `[[control]]` at the mic
-position it came, so a request spoken while muted is not heard again; turns that began before the ring
+position it came, so a request spoken while muted is not heard again; each time the sound card
+went (`audio/lost`) an `[[audio_lost]]` where the mic had got to, for as long as it was away; turns that began before the ring
 did (an utterance, or typing, before its start) are left out.
 """
 
@@ -78,6 +79,7 @@ def save_session(directory: Path, recorder: Recorder, store: EventStore, setting
     controls = _controls(events, mic_start)
     _write(directory / "scenario.toml", _scenario_toml(duration_s, replies, tools, plays, settings,
                                                        [(text, at_s) for _, text, at_s in typed], controls,
+                                                       _losses(events, mic_start),
                                                        blocks=(directory / BLOCKS).is_file(),
                                                        gate=_gate_at_start(events, mic_start, settings)))
     _write(directory / "config.toml", config_toml(settings))
@@ -142,6 +144,21 @@ def _controls(events: list[Event], mic_start: int) -> list[tuple[str, float]]:
     muted = [c.command for c in rows if c.position < mic_start and c.command in ("mute", "unmute")]
     first = [("mute", 0.0)] if muted and muted[-1] == "mute" else []
     return first + [(c.command, round((c.position - mic_start) / MIC_RATE, 4)) for c in rows if c.position >= mic_start]
+
+
+def _losses(events: list[Event], mic_start: int) -> list[tuple[float, float]]:
+    """(second on the track, seconds away) of each time the sound card went
+    (`audio/lost` with its mic position) in the recording: the mic stood
+    still meanwhile, as a replay's [[audio_lost]] makes it. One the session
+    ended in lasts until its last event."""
+    out = []
+    for n, e in enumerate(events):
+        if e.type != ev.AUDIO_LOST or e.body.mic is None or e.body.mic < mic_start:
+            continue
+        back = next((b for b in events[n + 1:] if b.type == ev.AUDIO_BACK), None)
+        away = back.body.after_s if back is not None else events[-1].at_mono - e.at_mono
+        out.append((round((e.body.mic - mic_start) / MIC_RATE, 4), round(max(away, 0.0), 3)))
+    return out
 
 
 def _gate_at_start(events: list[Event], mic_start: int, settings: Settings) -> dict[str, float]:
@@ -320,7 +337,8 @@ def _value(v: Any) -> str:
 
 def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list[dict[str, Any]],
                    plays: list[tuple[str, int, float]], settings: Settings,
-                   says: list[tuple[str, float]], controls: list[tuple[str, float]], *, blocks: bool,
+                   says: list[tuple[str, float]], controls: list[tuple[str, float]],
+                   losses: list[tuple[float, float]], *, blocks: bool,
                    gate: dict[str, float]) -> str:
     lines = [
         "# A recorded session (voice run --record / voice ctl save): replay it with",
@@ -362,6 +380,10 @@ def _scenario_toml(duration_s: float, replies: list[dict[str, Any]], tools: list
         lines += ["", "# voice ctl mute / unmute / cancel / new, where the mic had got to: the replay gives each there."]
     for command, at_s in controls:
         lines += ["[[control]]", f"command = {_value(command)}", f"at = {_value(at_s)}"]
+    if losses:
+        lines += ["", "# The sound card went (audio/lost) where the mic had got to, and came back after: the replay loses it there."]
+    for at_s, away_s in losses:
+        lines += ["[[audio_lost]]", f"at = {_value(at_s)}", f"back_after = {_value(away_s)}"]
     for tool in tools:
         lines += ["", "[[tool]]"] + [f"{k} = {_value(v)}" for k, v in tool.items()]
     if plays:

@@ -120,7 +120,8 @@ class SpeechLog:
 
     def audio_lost(self, change: AudioLost, turn: int | None) -> None:
         """audio/lost, filed under the turn it cut (if one ran)."""
-        self.store.record(self._conversation(), DeviceLost(reason=change.reason, speaker=change.heard_to), turn=turn)
+        self.store.record(self._conversation(), DeviceLost(reason=change.reason, speaker=change.heard_to,
+                                                           mic=self._mic_position()), turn=turn)
 
     def audio_back(self, change: AudioBack) -> None:
         self.store.record(self._conversation(), DeviceBack(devices=change.devices, after_s=round(change.after_s, 3),

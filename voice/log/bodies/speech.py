@@ -102,6 +102,7 @@ class DeviceLost(Body):
     TYPE = "audio/lost"
     reason: str  # the error, or the stall, in words
     speaker: int  # speaker position: what had come out of the speaker when the sound stopped
+    mic: int | None = None  # mic position then: where a recording's replay loses its sound card (older logs: none)
 
 
 @dataclass(frozen=True, kw_only=True)
