@@ -88,7 +88,10 @@ class AudioServer:
     def env(self) -> dict[str, str]:
         """The environment a client needs to use these devices (and only these)."""
         env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
-        env.update(XDG_RUNTIME_DIR=str(self.run_dir), DBUS_SESSION_BUS_ADDRESS=f"unix:path={self.run_dir}/bus")
+        env.update(XDG_RUNTIME_DIR=str(self.run_dir), DBUS_SESSION_BUS_ADDRESS=f"unix:path={self.run_dir}/bus",
+                   # WirePlumber keeps the default devices and each stream's target in XDG_STATE_HOME: shared
+                   # (~/.local/state), another test's server running beside this one moved its streams
+                   XDG_STATE_HOME=str(self.root / "state"))
         return env
 
     def log_tail(self, chars: int = 2000) -> str:
