@@ -129,7 +129,9 @@ class StreamWatch:
             if now - last > max(STALL_S, STALL_BLOCKS * self.block_s):
                 return f"the {role} stream stopped calling back ({(now - last) * 1000:.0f} ms)", last
             if self._flagged[role] >= FLAGGED_BLOCKS:
-                return f"the {role} stream reported errors on {self._flagged[role]} blocks in a row", now
+                # the rule met, not the count by the time the loop looked (one more block may have come):
+                # the same words however busy the machine is
+                return f"the {role} stream reported errors on {FLAGGED_BLOCKS} blocks in a row", now
         return None
 
     def lose(self, reason: str, heard_to: Callable[[], int]) -> int:
