@@ -78,6 +78,13 @@ def _llm_v2v_servers(d: dict) -> tuple[str, str]:
             f"llama-cpp-python right after ({load(py)}): {b['p50']:,.0f} / {b['p95']:,.0f}")
 
 
+def _llm_v2v_idle(d: dict) -> tuple[str, str]:
+    a, w = d["groups"]["all"]["v2v_ms"], d["waterfall"]
+    return (f"{_ms(a['p50'])} p50, {a['p95']:,.0f} p95 (load {d['load_avg_at_start'][0]:.1f}-{d['load_avg_at_end'][0]:.1f})",
+            f"commit {w['commit']['p50']:,.0f}, first token {w['first_token']['p50']:,.0f}, audio ready "
+            f"{w['audio_ready']['p50']:,.0f} ms p50 after the end of speech")
+
+
 def _long(d: dict) -> tuple[str, str]:
     s = d["summary"]["first_char_ms"]
     same = [t["server"]["own"]["prompt_eval_ms"] for t in d["per_turn"]
@@ -128,6 +135,8 @@ ROWS = [
     Row("voice to voice, SmolLM2-135M on llama-server with tools (`--jinja`), tiny.en",
         "benchmarks/llm_v2v.py --stt-model tiny.en --server llama-server", "results-llm-v2v-*-waterfall.json",
         _llm_v2v_servers),
+    Row("the same on llama-server, idle machine", "benchmarks/llm_v2v.py --stt-model tiny.en --server llama-server",
+        "results-llm-v2v-llama-server-idle.json", _llm_v2v_idle),
     Row("words wrong in the recorded reply vs what was heard (mean)", "benchmarks/run.py", "results-full.json",
         lambda d: (f"{d['prefix_error_words_mean']:.1f}", f"stock pipecat: {d['peer_prefix_error_words_mean']:.1f}")),
     Row("every task and process of a stopped turn gone (p95)", "benchmarks/run.py", "results-full.json",
