@@ -16,15 +16,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def skip_unless_portaudio_finds_no_device(env: dict[str, str]) -> None:
+    listed = subprocess.run([sys.executable, "-c", "import sounddevice; print(len(sounddevice.query_devices()))"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    if listed.returncode != 0 or listed.stdout.strip() != "0":
+        pytest.skip(f"this machine has sound devices without an audio server ({listed.stdout.strip()!r} listed)")
+
+
 def test_doctor_says_there_is_no_sound_device_and_how_to_get_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VOICE_", "PULSE_", "PIPEWIRE_"))}
     # no audio server answers here: a runtime directory of our own, without its sockets
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), XDG_CONFIG_HOME=str(tmp_path / "config"),
                XDG_RUNTIME_DIR=str(tmp_path / "run"), HF_HUB_OFFLINE="1")
-    listed = subprocess.run([sys.executable, "-c", "import sounddevice; print(len(sounddevice.query_devices()))"],
-                            env=env, capture_output=True, text=True, timeout=60)
-    if listed.returncode != 0 or listed.stdout.strip() != "0":
-        pytest.skip(f"this machine has sound devices without an audio server ({listed.stdout.strip()!r} listed)")
+    skip_unless_portaudio_finds_no_device(env)
     (tmp_path / "replies.toml").write_text('[[reply]]\ntext = "Hi."\n')
     r = subprocess.run([sys.executable, "-m", "voice", "doctor", "--no-load", "--llm",
                         f"scripted:{tmp_path / 'replies.toml'}"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -49,10 +53,7 @@ def test_doctor_while_the_service_has_lost_its_audio_says_it_is_retrying(tmp_pat
     from voice.log import events as ev
 
     env = {k: v for k, v in env_for(tmp_path).items() if not k.startswith(("VOICE_", "PULSE_", "PIPEWIRE_"))}
-    listed = subprocess.run([sys.executable, "-c", "import sounddevice; print(len(sounddevice.query_devices()))"],
-                            env=env, capture_output=True, text=True, timeout=60)
-    if listed.returncode != 0 or listed.stdout.strip() != "0":
-        pytest.skip(f"this machine has sound devices without an audio server ({listed.stdout.strip()!r} listed)")
+    skip_unless_portaudio_finds_no_device(env)
     scenario = tmp_path / "lost.toml"  # the sound card goes at 1 s and stays away while the test runs
     scenario.write_text(f'[[user]]\naudio = "{SCENARIOS.parent / "audio" / "what_time.wav"}"\nat = 170.0\n'
                         "[[audio_lost]]\nat = 1.0\nback_after = 120.0\n")
