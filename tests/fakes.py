@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +41,7 @@ class Said:
 
     text: str
     doubtful: bool = False  # Whisper's "too unsure to be words" (a hum, a cough)
-    compute_s: float = 0.0  # how long recognising it blocks (real time, in the executor, as Whisper does)
+    compute_s: float = 0.0  # how long recognising it takes (in the executor, as Whisper does)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class ScriptedStt:
     said: dict[str, Said]
     name: str = "scripted-stt"
     transcribed: list[str] = field(default_factory=list)  # clip names, in the order they were heard
+    spend: Callable[[float], None] = time.sleep  # how an executor job takes its compute time
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
         # The pipeline hands float32 = int16 / 32768: exact, so back to int16 exactly.
@@ -62,7 +64,7 @@ class ScriptedStt:
             said = self.said[name]
             self.transcribed.append(name if share == 1 else f"{name}:start")
             if said.compute_s:
-                time.sleep(said.compute_s)
+                self.spend(said.compute_s)
             text = said.text
             if share < 1:
                 heard = text.split()[: int(len(text.split()) * share)]
@@ -106,7 +108,8 @@ class WordTts:
 
     rate: int = 16000
     word_ms: int = 200
-    compute_s: float = 0.0  # how long synthesizing a sentence blocks (real time, in the executor, as Piper does)
+    compute_s: float = 0.0  # how long synthesizing a sentence takes (in the executor, as Piper does)
+    spend: Callable[[float], None] = time.sleep  # how an executor job takes its compute time
     words: dict[int, SpokenWord] = field(default_factory=dict)  # code -> word, every word ever synthesized
     _lock: threading.Lock = field(default_factory=threading.Lock)  # synthesis runs in the executor
 
@@ -116,7 +119,7 @@ class WordTts:
 
     def synthesize(self, text: str) -> SpeechAudio:
         if self.compute_s:
-            time.sleep(self.compute_s)
+            self.spend(self.compute_s)
         n = self.word_samples
         tokens = list(re.finditer(r"\S+", text))
         samples = np.zeros(n * len(tokens), np.int16)

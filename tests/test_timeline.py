@@ -13,6 +13,7 @@ test_voice_replay.py.
 from __future__ import annotations
 
 import json
+import time
 
 import anyio
 import numpy as np
@@ -209,6 +210,46 @@ def test_the_vad_hears_the_same_speech_however_long_the_request_before_it_took_t
             cuts.append([(e.payload["start"] - onset, e.payload["end"] - onset)
                          for e in o.of_type(ev.LISTEN_SPEECH)[1:]])
         assert cuts[0] == cuts[1], (when, cuts)
+
+
+@pytest.mark.slow  # two whole scenarios, one of them with every job 20 ms slower in real time
+def test_a_loaded_machine_plays_the_same_audio_and_logs_the_same_turns(tmp_path, monkeypatch):
+    """The timelines' outcomes do not depend on how fast the machine is: with
+    every executor job (the Silero VAD on each block, recognition, synthesis)
+    made 20 ms slower in real time, as a busy CI machine makes them, the same
+    samples play and the same events are logged, the stop still decided by
+    its words. Before the clock stood still while computing, that stop was
+    once decided by the voiced length of the request after it on CI."""
+
+    def run(name: str) -> Outcome:
+        return run_timeline(Timeline(
+            clips=[ASK, barge_in(2.1, "stop.wav", STOP_AND_ASK)],
+            replies=[{"text": POINTS, "chunk_delay_ms": 30}, {"text": HONEY, "chunk_delay_ms": 30}],
+        ), tmp_path / name)
+
+    def summary(o: Outcome) -> list[tuple]:
+        keep = (ev.SPEECH_PAUSED, ev.SPEECH_CONFIRMED, ev.SPEECH_CLEARED, ev.SPEECH_PLAYED, ev.LISTEN_SPEECH,
+                ev.USER_MESSAGE, ev.TURN_END)
+        return [(e.type, e.turn, o.position(e), e.payload.get("reason"), e.payload.get("at"))
+                for e in o.events if e.type in keep]
+
+    quick = run("quick")
+    from voice.audio.clock import AutojumpEventLoop
+    run_in_executor = AutojumpEventLoop.run_in_executor
+
+    def slowly(self, executor, func, *args):
+        def slow(*a):
+            time.sleep(0.02)  # real time, on the job's thread
+            return func(*a)
+        return run_in_executor(self, executor, slow, *args)
+
+    monkeypatch.setattr(AutojumpEventLoop, "run_in_executor", slowly)
+    loaded = run("loaded")
+    (confirmed,) = loaded.of_type(ev.SPEECH_CONFIRMED, turn=1)
+    assert confirmed.payload["reason"] == "heard 'Stop', a stop"
+    assert summary(loaded) == summary(quick)
+    assert np.array_equal(loaded.played, quick.played) and np.array_equal(loaded.mic, quick.mic)
+    assert loaded.replies[1].delivered_text == quick.replies[1].delivered_text
 
 
 # -- other cut points ---------------------------------------------------------------

@@ -28,7 +28,15 @@ leaves a task or a thread behind, or if pipecat logs an error.
 The clock: the autojump virtual clock of `voice replay`, installed for the
 run only (it patches `time` process-wide; pytest's own timing uses
 perf_counter, which it leaves alone). Idle waits cost nothing, so a 10 s
-timeline runs in well under a second.
+timeline runs in well under a second. Computing costs nothing either, as in
+a recorded replay (`free_compute`): the Silero VAD and the loop's own work
+take no time on this clock, and what the fakes are scripted to take
+(`Said.compute_s`, `Timeline.synth_s`) they take on it exactly
+(`virtual_compute`). So an outcome never depends on how fast or how loaded
+the machine running the test is: a stop decided by its words rather than
+by the voiced length of what followed it was, once, decided the other way
+on a loaded CI machine, because the fake recogniser's job waited there for
+a core while the mic blocks went on.
 """
 
 from __future__ import annotations
@@ -162,6 +170,31 @@ def default_config() -> dict[str, Any]:
     return load_config_with_sources(defaults_path(), env={})[0]
 
 
+def virtual_compute(clock: VirtualClock, loop: asyncio.AbstractEventLoop) -> Callable[[float], None]:
+    """How a fake's executor job takes `seconds` of compute on the standing
+    clock: it stops counting as in flight (so the clock may jump to the
+    loop's timers meanwhile: mic blocks go on arriving, as they do while
+    Whisper works) until a timer `seconds` after the job began has fired.
+    The in-flight count is only ever changed on the loop's thread."""
+
+    def spend(seconds: float) -> None:
+        done = threading.Event()
+
+        def finish() -> None:
+            clock.begin()  # the job is computing again, until its future is done
+            done.set()
+
+        def wait() -> None:
+            clock.end()
+            loop.call_at(loop.time() + seconds, finish)
+
+        loop.call_soon_threadsafe(wait)
+        if not done.wait(timeout=60.0):
+            raise AssertionError(f"a fake's {seconds} s of compute never came to an end on the virtual clock")
+
+    return spend
+
+
 def run_timeline(timeline: Timeline, tmp_path: Path, config: dict[str, Any] | None = None) -> Outcome:
     """Run the timeline to its end (or its shutdown) on the virtual clock.
 
@@ -175,8 +208,9 @@ def run_timeline(timeline: Timeline, tmp_path: Path, config: dict[str, Any] | No
     sink = logger.add(lambda message: errors.append(str(message).strip()), level="ERROR")
     clock = VirtualClock()
     clock.install()
+    clock.free_compute = True
     try:
-        outcome = run_on_virtual_clock(_run(timeline, tmp_path, config or default_config()), clock)
+        outcome = run_on_virtual_clock(_run(timeline, tmp_path, config or default_config(), clock), clock)
     finally:
         clock.uninstall()
         logger.remove(sink)
@@ -186,7 +220,7 @@ def run_timeline(timeline: Timeline, tmp_path: Path, config: dict[str, Any] | No
     return outcome
 
 
-async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any]) -> Outcome:
+async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any], clock: VirtualClock) -> Outcome:
     before = asyncio.all_tasks()
     audio = {c.file: read_mono16k(AUDIO / c.file) for c in timeline.clips}
     users = tuple(UserClip(audio[c.file], c.file, c.when, c.seconds, _onset(audio[c.file])) for c in timeline.clips)
@@ -194,8 +228,9 @@ async def _run(timeline: Timeline, tmp_path: Path, config: dict[str, Any]) -> Ou
                         max_duration=timeline.max_duration, losses=timeline.losses)
     running: list[VoiceSession] = []
     device = ReplayDevice(scenario, idle=lambda: bool(running) and running[0].idle())
-    stt = ScriptedStt(audio, {c.file: c.said for c in timeline.clips})
-    tts = WordTts(RATE, timeline.word_ms, timeline.synth_s)
+    spend = virtual_compute(clock, asyncio.get_running_loop())
+    stt = ScriptedStt(audio, {c.file: c.said for c in timeline.clips}, spend=spend)
+    tts = WordTts(RATE, timeline.word_ms, timeline.synth_s, spend=spend)
     provider = ScriptedProvider(parse_replies(timeline.replies, "timeline"))
     transcript: list[str] = []
     asides: list[str] = []
