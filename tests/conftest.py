@@ -71,9 +71,14 @@ def text_agent(
 
 
 def printed_reply(out: io.StringIO) -> str:
-    """The text printed on the last assistant line, without label or marker."""
-    line = [ln for ln in out.getvalue().splitlines() if ln.startswith("assistant: ")][-1]
-    return line.removeprefix("assistant: ").removesuffix(" [stopped]")
+    """The last reply printed, without label or marker: from the last
+    `assistant: ` label to the end, its own newlines included (a model's
+    "1. The Lighthouse\n\nThe keeper…" goes on below the label's line; read
+    as one line, a reply cut after its first line was once taken for all
+    that was printed)."""
+    printed = out.getvalue()
+    assert "assistant: " in printed, printed
+    return printed.rsplit("assistant: ", 1)[1].removesuffix("\n").removesuffix(" [stopped]")
 
 
 async def run_and_cancel_when(
