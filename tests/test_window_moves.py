@@ -25,7 +25,9 @@ import pytest
 
 from loopback_llm import LoopbackLLM, _chunk
 
-pytestmark = pytest.mark.timeout(180)
+# Both tests pace `voice chat` like a person, in real time (17 s and 7 s). One group (`--dist loadgroup`
+# hands groups out before single tests) so they start early instead of being left to the end of a run.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("window_moves")]
 
 QUIET_S = 0.5  # the server heard nothing for this long after a reply: the person's pause is over
 WAIT_S = 20.0  # the most any one expected request may take to arrive
