@@ -281,3 +281,37 @@ def test_state_strings():
 def test_bad_mode():
     with pytest.raises(ValueError, match="wake, open"):
         ListenGate("push-to-talk")
+
+
+def test_the_wake_word_is_placed_where_it_was_said_whatever_the_block_sizes():
+    """Where a wake word is placed (and so where the request after it is cut
+    from) is the detector's place for it, not the end of the block it came
+    in: blocks come larger on a busy machine (a held second of silence, two
+    device blocks at once). Before, 512- and 4,096-sample blocks placed
+    "Okay Nabu" 384 samples apart (36,864 and 37,248), and in a live run under
+    load the service and an offline pass were 640 apart."""
+    from voice.speech.addressing import Addressing
+    from voice.speech.listener import Listener
+
+    audio = read_mono16k(AUDIO / "okay_nabu_what_time.wav")
+    pcm = np.concatenate([np.zeros(RATE, np.int16), audio, np.zeros(RATE, np.int16)]).tobytes()
+
+    def placed(sizes: list[int]) -> list[int]:
+        li = Listener(RATE, start_samples=int(0.2 * RATE), preroll_samples=int(0.3 * RATE), frame=512,
+                      max_lead_samples=int(0.5 * RATE))
+        logged = []
+        addressing = Addressing(ListenGate("wake"), WakeWordDetector(), li, log=lambda body, turn: logged.append(body),
+                                transcript=lambda line: None)
+        at, i = 0, 0
+        while at < len(pcm):
+            n = min(sizes[i % len(sizes)], (len(pcm) - at) // 2)
+            block = pcm[at:at + 2 * n]
+            addressing.wake_word(block, n, sound=True, reopened=False)
+            li.heard(block, False)
+            li.advance(n)
+            at, i = at + 2 * n, i + 1
+        return [body.position for body in logged]
+
+    small, large, mixed = placed([512]), placed([4096]), placed([512, 16000, 1024, 512, 320])
+    assert len(small) == 1, small
+    assert small == large == mixed

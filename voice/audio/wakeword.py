@@ -124,6 +124,11 @@ class WakeWordDetector:
         self._mww.close()
 
     @property
+    def behind(self) -> int:
+        """Samples from the last detection to the end of what was fed (0: none yet)."""
+        return 0 if self.last_detection is None else self.position - self.last_detection
+
+    @property
     def seconds(self) -> float:
         """Stream time (s) of the audio fed so far."""
         return self.position / SAMPLE_RATE

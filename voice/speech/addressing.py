@@ -51,7 +51,7 @@ class Addressing:
                 self._wake.process(block)
         if not self._wake.process(audio):
             return
-        wake_at = self._listener.woke(samples)
+        wake_at = self._listener.woke(samples, behind=self._wake.behind)
         self._log(ListenWake(position=wake_at, model=self._wake.model), None)
         self.gate.on_wake(wake_at / MIC_RATE)
         self._transcript("(okay: listening)")

@@ -75,9 +75,13 @@ class Listener:
 
     # -- within a block --------------------------------------------------------
 
-    def woke(self, samples: int) -> int:
-        """The wake word fired in this block; returns where."""
-        self.wake_at = self.position + samples
+    def woke(self, samples: int, behind: int = 0) -> int:
+        """The wake word fired in this block, `behind` samples before its end
+        (the detector's own place for it); returns where, on the mic clock.
+        Not the block's end: blocks come larger when the machine is busy (a
+        held second of silence, two device blocks at once), and where the
+        request is cut from (`addressed_from`) must not move with them."""
+        self.wake_at = self.position + samples - max(0, min(behind, samples))
         return self.wake_at
 
     def vad_restart(self) -> VadRestart:
