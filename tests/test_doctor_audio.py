@@ -44,6 +44,7 @@ def test_doctor_says_there_is_no_sound_device_and_how_to_get_one(tmp_path):
     assert r.stdout.splitlines()[-1] == "1 problem(s) would stop `voice run`", r.stdout
 
 
+@pytest.mark.slow  # a `voice run --replay` daemon: it loads the speech models
 def test_doctor_while_the_service_has_lost_its_audio_says_it_is_retrying(tmp_path):
     """F6 (#36): with the sound card gone under a running service, doctor's
     no-device line is a warning about now that says the service is retrying

@@ -32,7 +32,7 @@ import pytest
 from voice.log import events as ev
 
 from .audio_server import AudioServer
-from .conversation import AUDIO, LiveDaemon, first_loud
+from .conversation import AUDIO, LiveDaemon, LiveFailure, first_loud
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -60,7 +60,11 @@ def answered(audio: AudioServer, daemon: LiveDaemon, feed: str, timeout: float =
     time.sleep(0.3)
     replies = len(daemon.replies())
     player = audio.play(AUDIO / "what_time.wav", device=feed)
-    daemon.wait(lambda: len(daemon.replies()) > replies, timeout, f"the answer to the request spoken into {feed}")
+    try:
+        daemon.wait(lambda: len(daemon.replies()) > replies, timeout, f"the answer to the request spoken into {feed}")
+    except LiveFailure as exc:  # where the streams were then: twice in ~15 runs a request was not heard
+        played, recorded = audio.connections()
+        raise LiveFailure(f"{exc}\nthe server's streams then: playing to {played}, recording from {recorded}") from None
     assert player.wait(5) == 0, player.stderr.read()
     time.sleep(0.5)  # a margin of silence after it
 
