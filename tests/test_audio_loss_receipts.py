@@ -218,3 +218,35 @@ def test_a_confirmed_outcome_the_speaker_went_before_it_had_played_is_said_when_
     cut = next(i for i, line in enumerate(lines) if line.startswith("assistant:") and line.endswith("[stopped]"))
     assert lines.index(f"notice: {COMPLETION}") > max(cut, next(
         i for i, line in enumerate(lines) if line.startswith("notice: audio is back"))), lines
+
+
+def test_a_loss_into_the_reply_comes_that_far_into_it_however_late_the_reply_began(tmp_path):
+    """`[[audio_lost]] into_reply` (what a real-time run needs, where a fixed
+    second can fall before a slow reply): the card goes that far into the
+    reply's playing, whether the reply took 0.1 s or 1.5 s to be synthesised."""
+    cut_at = []
+    for synth_s in (0.1, 1.5):
+        run = tmp_path / f"synth{synth_s}"
+        run.mkdir()
+        run_timeline(Timeline(clips=[ASK], replies=replies(), tools=[slow_note(run)], synth_s=synth_s,
+                              losses=(AudioLoss(at_s=None, back_after_s=1.0, into_reply_s=1.0),)), run)
+        events = logged(run)
+        lost = one(events, ev.AUDIO_LOST)
+        began = min(e.body.start for e in events if e.type == ev.SPEECH_SENTENCE and e.body.start is not None)
+        cut_at.append((began, lost.body.speaker))
+    assert cut_at[1][0] - cut_at[0][0] >= 16000, cut_at  # the slower synthesis began the reply over 1 s later
+    for began, speaker in cut_at:
+        assert 16000 <= speaker - began <= 16000 + 320, cut_at  # one second into it, to the 20 ms block
+
+
+def test_a_loss_that_says_both_when_and_into_the_reply_is_refused_by_name(tmp_path):
+    from pathlib import Path
+
+    from voice.service.scenario import load_scenario
+
+    said = Path(__file__).resolve().parents[1] / "examples" / "barge-in" / "three_points.wav"
+    scenario = tmp_path / "both.toml"
+    scenario.write_text(f'[[user]]\naudio = "{said}"\nat = 0.5\n\n'
+                        "[[audio_lost]]\nat = 2.0\ninto_reply = 1.0\nback_after = 1.0\n")
+    with pytest.raises(ValueError, match=r"\[\[audio_lost\]\] 1 needs exactly at = SECONDS .* or into_reply"):
+        load_scenario(scenario)

@@ -140,8 +140,9 @@ def test_a_write_on_an_mcp_server_runs_to_its_receipt_when_the_sound_card_goes(t
                       'text_after_tools = "Done, it is written."\n'
                       'tool_calls = [{ name = "chaos__slow_write", arguments = { seconds = 10, label = "front" } }]\n')
     scenario = said_at(tmp_path / "unlock.toml", 0.3)
-    # Lost at 8 s (the write is dispatched by then: the request ended at 2.8 s), back 5 s later.
-    scenario.write_text(scenario.read_text() + "[[audio_lost]]\nat = 8.0\nback_after = 5.0\n")
+    # Lost 1.5 s into the reply (the write, 10 s long, is dispatched as its text ends), back 5 s later: a fixed
+    # second would fall before the reply on a slow enough machine
+    scenario.write_text(scenario.read_text() + "[[audio_lost]]\ninto_reply = 1.5\nback_after = 5.0\n")
     d = Daemon(tmp_path, scenario, extra_args=("--config", str(config), "--llm", f"scripted:{script}"))
     try:
         d.pump(lambda: "notice: Done, it is written." in d.out, timeout=120)

@@ -488,11 +488,13 @@ def test_a_recording_over_a_lost_sound_card_replays_the_loss(tmp_path):
     of a reply kept no trace of it in its scenario, so the replay played the
     reply to its end (`completed`) where the session had cut it (`interrupted`,
     audio_lost). The saved scenario now loses the card where the mic had got
-    to, for as long as it was away, and the replay gives the same turns."""
+    to, for as long as it was away, and the replay gives the same turns. The
+    card goes 2 s into the reply (`into_reply`), wherever the reply began: at
+    a fixed second it once came before the reply on a loaded machine."""
     scenario = tmp_path / "lost.toml"
     scenario.write_text(
         f'[[user]]\naudio = "{ROOT / "examples" / "barge-in" / "three_points.wav"}"\nat = 0.5\n\n'
-        "[[audio_lost]]\nat = 5.0\nback_after = 2.0\n\n"
+        "[[audio_lost]]\ninto_reply = 2.0\nback_after = 2.0\n\n"
         '[[reply]]\nchunk_delay_ms = 40\ntext = "First, the sea covers most of the planet. Second, it holds '
         'nearly all of the water on Earth. Third, its deepest point is almost eleven kilometres down."\n')
     rec = tmp_path / "rec"
@@ -505,8 +507,17 @@ def test_a_recording_over_a_lost_sound_card_replays_the_loss(tmp_path):
         assert daemon.stop() < 20 and daemon.proc.returncode == 0, daemon.err_text()
     recorded = read_session(rec / "events.db")
     assert [(t.outcome, t.interrupted) for t in recorded.turns] == [("interrupted", True)], recorded
+    session = EventStore(rec / "events.db", read_only=True)
+    try:
+        (went,) = [e for e in session.events() if e.type == ev.AUDIO_LOST]
+        began = min(e.body.start for e in session.events() if e.type == ev.SPEECH_SENTENCE and e.body.start is not None)
+    finally:
+        session.close()
+    assert (went.body.speaker - began) / 16000 == pytest.approx(2.0, abs=0.03), (went, began)  # 2 s into the reply
     (lost,) = tomllib.loads((rec / "scenario.toml").read_text())["audio_lost"]
-    assert lost["at"] == pytest.approx(5.0, abs=0.1) and lost["back_after"] == pytest.approx(2.0, abs=0.5), lost
+    assert set(lost) == {"at", "back_after"}, lost  # the recording says where it went on the mic's clock
+    assert lost["at"] == pytest.approx(went.body.mic / 16000, abs=0.03), (lost, went)
+    assert lost["back_after"] == pytest.approx(2.0, abs=0.5), lost
     out = replay(tmp_path, rec)
     assert_same_outcome(recorded, read_session(out / "events.db"))
     replayed = EventStore(out / "events.db", read_only=True)

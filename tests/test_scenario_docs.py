@@ -56,7 +56,7 @@ def test_the_reply_table_names_every_key_a_reply_allows():
 @pytest.mark.parametrize("key, allowed", [
     ("user", scenario_module._USER), ("tool", scenario_module._TOOL), ("echo", scenario_module._ECHO),
     ("listen", {"mode", "window_s", "echo_cancellation"}), ("say", {"text", "at"}),
-    ("play", {"message", "sentence", "at_s"}), ("control", {"command", "at"}), ("audio_lost", {"at", "back_after"}),
+    ("play", {"message", "sentence", "at_s"}), ("control", {"command", "at"}), ("audio_lost", {"at", "into_reply", "back_after"}),
 ])
 def test_the_scenario_table_names_every_key_and_each_tables_keys(key, allowed):
     rows = table("Scenarios")

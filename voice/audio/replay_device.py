@@ -11,7 +11,9 @@ is placed so that its speech onset (first loud sample) falls exactly
 `barge_in_after` seconds after the previous reply's first played sample.
 
 A scenario's `[[audio_lost]]` is the sound card going away at a second of
-the scenario's clock and coming back `back_after` seconds later, told to
+the scenario's clock (or a given time into the next reply to begin playing,
+which does not depend on how fast the reply came) and coming back
+`back_after` seconds later, told to
 the session exactly as the live device tells it (`AudioLost`, `AudioBack`):
 meanwhile nothing is heard or played, and the scenario's clock (the mic's
 samples) stands still while the session's clock goes on.
@@ -55,10 +57,13 @@ class UserClip:
 
 @dataclass(frozen=True)
 class AudioLoss:
-    """The sound card goes at `at_s` (the scenario's clock) for `back_after_s` (the session's)."""
+    """The sound card goes at `at_s` (the scenario's clock), or `into_reply_s`
+    after the first sample of the next reply to begin playing (after the
+    previous loss), for `back_after_s` (the session's clock)."""
 
-    at_s: float
+    at_s: float | None
     back_after_s: float
+    into_reply_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -187,12 +192,14 @@ class ReplayDevice:
         limit = int(self.scenario.max_duration * MIC_RATE)
         tail = int(self.scenario.tail * MIC_RATE)
         losses = deque(self.scenario.losses)
+        since_loss = 0  # where the last loss ended: an `into_reply` loss waits for a reply begun after it
         idle_since: int | None = None
         deadline = time.monotonic()
         ticks = 0
         while self.hold or self.position < limit:
-            if losses and self.position >= losses[0].at_s * MIC_RATE:
+            if losses and self._loss_due(losses[0], since_loss):
                 await self._lose(losses.popleft(), on_audio)
+                since_loss = self.position
                 deadline = time.monotonic()
             self._place_next()
             n = self.scenario.blocks[ticks] if ticks < len(self.scenario.blocks) else BLOCK
@@ -221,10 +228,17 @@ class ReplayDevice:
             await anyio.sleep_until(deadline)
         self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"
 
+    def _loss_due(self, loss: AudioLoss, since: int) -> bool:
+        if loss.at_s is not None:
+            return self.position >= loss.at_s * MIC_RATE
+        began = next((s for s in self.buffer.starts if s >= since), None)  # (the speaker's clock is the mic's)
+        return began is not None and self.position >= began + loss.into_reply_s * MIC_RATE
+
     async def _lose(self, loss: AudioLoss, on_audio: OnAudio | None) -> None:
         """A scenario's `[[audio_lost]]`: told as the live device tells it;
         nothing is heard or pulled until it is back."""
-        reason = f"the scenario's sound card went at {loss.at_s:g} s"
+        at_s = loss.at_s if loss.at_s is not None else self.position / MIC_RATE
+        reason = f"the scenario's sound card went at {at_s:g} s"
         self._lost = {"since": time.monotonic(), "reason": reason, "attempts": 0, "error": None, "at_start": False}
         if on_audio is not None:  # (no output latency: what was pulled has come out of the speaker)
             on_audio(AudioLost(reason=reason, heard_to=self.buffer.position))

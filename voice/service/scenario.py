@@ -57,8 +57,10 @@ state at the start, as a saved session that began mid-session had it: a
 wake word heard and not yet used, and where the assistant last stopped
 speaking (its conversation window, in which a follow-up needs no wake word).
 
-An `[[audio_lost]]` (at = seconds on the scenario clock, back_after =
-seconds) is the sound card going away and coming back, told to the session
+An `[[audio_lost]]` (at = seconds on the scenario clock, or into_reply =
+seconds after the first sample of the next reply to begin playing, which
+holds however long the reply took to come; back_after = seconds) is the
+sound card going away and coming back, told to the session
 as the live device tells it (`audio/lost`, `audio/back`): nothing is heard
 or played meanwhile, and the scenario's clock stands still (it counts the
 mic's samples) while the session's goes on.
@@ -261,14 +263,21 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def _losses(path: Path, raw: list[dict]) -> tuple[AudioLoss, ...]:
+    """Losses in the order they come: by `at` when every one has it, else as written."""
     losses = []
     for n, loss in enumerate(raw, 1):
-        if set(loss) != {"at", "back_after"}:
+        if set(loss) not in ({"at", "back_after"}, {"into_reply", "back_after"}):
             raise ValueError(f"scenario {path}: [[audio_lost]] {n} needs exactly at = SECONDS (the scenario's clock) "
-                             "and back_after = SECONDS (how long the sound card stays away)")
-        losses.append(AudioLoss(_number(path, f"[[audio_lost]] {n} at", loss["at"], 0.0, DAY_S),
-                                _number(path, f"[[audio_lost]] {n} back_after", loss["back_after"], 0.02, DAY_S)))
-    return tuple(sorted(losses, key=lambda loss: loss.at_s))
+                             "or into_reply = SECONDS (after the next reply's first sample), and back_after = "
+                             "SECONDS (how long the sound card stays away)")
+        when = "at" if "at" in loss else "into_reply"
+        seconds = _number(path, f"[[audio_lost]] {n} {when}", loss[when], 0.0, DAY_S)
+        losses.append(AudioLoss(seconds if when == "at" else None,
+                                _number(path, f"[[audio_lost]] {n} back_after", loss["back_after"], 0.02, DAY_S),
+                                seconds if when == "into_reply" else None))
+    if all(loss.at_s is not None for loss in losses):
+        losses.sort(key=lambda loss: loss.at_s)
+    return tuple(losses)
 
 
 def _says(path: Path, raw: list[dict]) -> tuple[TypedTurn, ...]:
