@@ -124,6 +124,13 @@ class WakeWordDetector:
         self._mww.close()
 
     @property
+    def grid(self) -> int:
+        """Samples between two runs of the model (stride feature windows): a
+        stream fed again after a rest keeps its places only if what it skips
+        is a whole number of these."""
+        return self._mww.stride * _FEATURE_SAMPLES
+
+    @property
     def behind(self) -> int:
         """Samples from the last detection to the end of what was fed (0: none yet)."""
         return 0 if self.last_detection is None else self.position - self.last_detection

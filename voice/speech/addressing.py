@@ -3,8 +3,10 @@ gate (voice.audio.listening.ListenGate, a pure state machine).
 
 - The wake word: its detector runs on a block only while the mic carries
   sound (voice.speech.vad_gate.SoundGate), over the listener's pre-roll
-  first when the sound starts again, so the model's context is the room's,
-  not the last sound's; a detection is `listen/wake` and opens the gate.
+  first when the sound starts again (from a place on the model's grid, so
+  the places it can fire at do not move with block sizes), so the model's
+  context is the room's, not the last sound's; a detection is `listen/wake`
+  and opens the gate.
 - The conversation window: when the assistant stops being busy the gate
   opens its follow-up window (`listen/window`).
 - A finished utterance: for the assistant, the wake word alone (the request
@@ -39,6 +41,7 @@ class Addressing:
         self._transcript = transcript
         self._aside = aside  # -v: what was heard and not acted on
         self.runs = 0  # blocks the wake-word detector ran on
+        self._wake_fed = 0  # the mic position up to which the detector has been fed
 
     def wake_word(self, audio: bytes, samples: int, sound: bool, reopened: bool) -> None:
         """The wake-word detector on this block, only while the mic carries
@@ -46,9 +49,15 @@ class Addressing:
         if self._wake is None or not sound:
             return
         self.runs += 1
+        li = self._listener
         if reopened:
-            for block in self._listener.preroll:
-                self._wake.process(block)
+            # Over the pre-roll, from a place on the model's own grid: where the pre-roll begins is a block
+            # boundary, and blocks are larger on a busy machine; a start moved by part of the grid would move
+            # every place the wake word can be found at (the VAD's restart keeps its frame grid the same way).
+            preroll = b"".join(li.preroll)
+            start = li.position - len(preroll) // 2
+            audio = (preroll + audio)[(self._wake_fed - start) % self._wake.grid * 2:]
+        self._wake_fed = li.position + samples
         if not self._wake.process(audio):
             return
         wake_at = self._listener.woke(samples, behind=self._wake.behind)
