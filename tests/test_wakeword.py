@@ -290,27 +290,11 @@ def test_the_wake_word_is_placed_where_it_was_said_whatever_the_block_sizes():
     device blocks at once). Before, 512- and 4,096-sample blocks placed
     "Okay Nabu" 384 samples apart (36,864 and 37,248), and in a live run under
     load the service and an offline pass were 640 apart."""
-    from voice.speech.addressing import Addressing
-    from voice.speech.listener import Listener
-
     audio = read_mono16k(AUDIO / "okay_nabu_what_time.wav")
     pcm = np.concatenate([np.zeros(RATE, np.int16), audio, np.zeros(RATE, np.int16)]).tobytes()
 
     def placed(sizes: list[int]) -> list[int]:
-        li = Listener(RATE, start_samples=int(0.2 * RATE), preroll_samples=int(0.3 * RATE), frame=512,
-                      max_lead_samples=int(0.5 * RATE))
-        logged = []
-        addressing = Addressing(ListenGate("wake"), WakeWordDetector(), li, log=lambda body, turn: logged.append(body),
-                                transcript=lambda line: None)
-        at, i = 0, 0
-        while at < len(pcm):
-            n = min(sizes[i % len(sizes)], (len(pcm) - at) // 2)
-            block = pcm[at:at + 2 * n]
-            addressing.wake_word(block, n, sound=True, reopened=False)
-            li.heard(block, False)
-            li.advance(n)
-            at, i = at + 2 * n, i + 1
-        return [body.position for body in logged]
+        return wakes_placed(pcm, sizes, gated=False)
 
     small, large, mixed = placed([512]), placed([4096]), placed([512, 16000, 1024, 512, 320])
     assert len(small) == 1, small
@@ -325,10 +309,6 @@ def test_the_wake_word_after_silence_is_placed_the_same_whatever_the_block_sizes
     part of that moved every place it could fire at: a live run under load
     placed the wake word 640 samples from an offline pass. It starts on its
     own grid now: one place in 512-, 4,096- and mixed blocks."""
-    from voice.speech.addressing import Addressing
-    from voice.speech.listener import Listener
-    from voice.speech.vad_gate import SoundGate
-
     audio = read_mono16k(AUDIO / "okay_nabu_what_time.wav")
     # silence (exact zeros, as a virtual mic's), a short sound the gate opens on and closes after, silence again
     click = np.zeros(int(1.7 * RATE), np.int16)
@@ -336,23 +316,34 @@ def test_the_wake_word_after_silence_is_placed_the_same_whatever_the_block_sizes
     pcm = np.concatenate([click, np.zeros(int(2.3 * RATE), np.int16), audio, np.zeros(RATE, np.int16)]).tobytes()
 
     def placed(sizes: list[int]) -> list[int]:
-        li = Listener(RATE, start_samples=int(0.2 * RATE), preroll_samples=int(0.3 * RATE), frame=512,
-                      max_lead_samples=int(0.5 * RATE))
-        logged = []
-        addressing = Addressing(ListenGate("wake"), WakeWordDetector(), li, log=lambda body, turn: logged.append(body),
-                                transcript=lambda line: None)
-        gate = SoundGate()
-        at, i = 0, 0
-        while at < len(pcm):
-            n = min(sizes[i % len(sizes)], (len(pcm) - at) // 2)
-            block = pcm[at:at + 2 * n]
-            sound = gate.update(block, li.position + n)
-            addressing.wake_word(block, n, sound, gate.opened)
-            li.heard(block, False)
-            li.advance(n)
-            at, i = at + 2 * n, i + 1
-        return [body.position for body in logged]
+        return wakes_placed(pcm, sizes, gated=True)
 
     small, large, mixed = placed([512]), placed([4096]), placed([512, 1000, 16000, 512, 320, 2048])
     assert len(small) == 1, small
     assert small == large == mixed, (small, large, mixed)
+
+
+def wakes_placed(pcm: bytes, sizes: list[int], gated: bool) -> list[int]:
+    """Where the listener's wake word is placed (`listen/wake`) in `pcm` fed
+    in blocks of `sizes` (cycled); `gated`: the detector rests while the mic
+    is silent, as in the pipeline (SoundGate), else it hears every block."""
+    from voice.speech.addressing import Addressing
+    from voice.speech.listener import Listener
+    from voice.speech.vad_gate import SoundGate
+
+    li = Listener(RATE, start_samples=int(0.2 * RATE), preroll_samples=int(0.3 * RATE), frame=512,
+                  max_lead_samples=int(0.5 * RATE))
+    logged = []
+    addressing = Addressing(ListenGate("wake"), WakeWordDetector(), li, log=lambda body, turn: logged.append(body),
+                            transcript=lambda line: None)
+    gate = SoundGate()
+    at, i = 0, 0
+    while at < len(pcm):
+        n = min(sizes[i % len(sizes)], (len(pcm) - at) // 2)
+        block = pcm[at:at + 2 * n]
+        sound = gate.update(block, li.position + n) if gated else True
+        addressing.wake_word(block, n, sound, gate.opened if gated else False)
+        li.heard(block, False)
+        li.advance(n)
+        at, i = at + 2 * n, i + 1
+    return [body.position for body in logged]

@@ -207,6 +207,40 @@ class AudioServer:
                     for line in self.pactl("list", "short", "source-outputs").stdout.splitlines()]
         return played, recorded
 
+    def graph(self) -> str:
+        """What the audio server's graph is now, for a failure's message: the
+        links port to port (`pw-link -l`) and each node's state, as the
+        server itself has them (pactl's stream-to-device view is what the
+        session manager asked for, not proof of a running link)."""
+        import json
+
+        links = subprocess.run(["pw-link", "-l"], env=self.env, capture_output=True, text=True, timeout=10).stdout
+        dump = subprocess.run(["pw-dump"], env=self.env, capture_output=True, text=True, timeout=10).stdout
+        try:
+            objects = json.loads(dump or "[]")
+        except ValueError:
+            objects = []
+        if dump_dir := os.environ.get("VOICE_LIVE_DUMP"):  # the whole graph, for a person chasing a failure
+            Path(dump_dir).mkdir(parents=True, exist_ok=True)
+            (Path(dump_dir) / f"pw-dump-{time.time():.0f}.json").write_text(dump)
+        names, nodes, node_links = {}, [], []
+        for obj in objects:
+            info = obj.get("info") or {}
+            props = info.get("props") or {}
+            if obj.get("type") == "PipeWire:Interface:Node":
+                names[obj.get("id")] = props.get("node.name", "?")
+                nodes.append(f"  {obj.get('id')} {props.get('node.name', '?')} [{props.get('media.class', '')}] "
+                             f"{info.get('state')}{' ' + str(info['error']) if info.get('error') else ''}"
+                             f" driver={props.get('node.driver', '-')}")
+        for obj in objects:
+            info = obj.get("info") or {}
+            if obj.get("type") == "PipeWire:Interface:Link":
+                node_links.append(f"  {names.get(info.get('output-node-id'), '?')} -> "
+                                  f"{names.get(info.get('input-node-id'), '?')}: {info.get('state')}"
+                                  f"{' ' + str(info['error']) if info.get('error') else ''}")
+        return ("ports:\n" + links.rstrip() + "\nnode links:\n" + "\n".join(node_links) + "\nnodes:\n"
+                + "\n".join(nodes))
+
     def stop(self) -> None:
         """End the processes this instance started (each in its own session)."""
         for proc in reversed(self.procs):

@@ -64,7 +64,16 @@ def answered(audio: AudioServer, daemon: LiveDaemon, feed: str, timeout: float =
         daemon.wait(lambda: len(daemon.replies()) > replies, timeout, f"the answer to the request spoken into {feed}")
     except LiveFailure as exc:  # where the streams were then (a request unheard on a linked mic: see #36's note)
         played, recorded = audio.connections()
-        raise LiveFailure(f"{exc}\nthe server's streams then: playing to {played}, recording from {recorded}") from None
+        graph = audio.graph()
+        again = audio.play(AUDIO / "what_time.wav", device=feed)  # heard now? (a late link, or a deaf service)
+        try:
+            daemon.wait(lambda: len(daemon.replies()) > replies, 20, "")
+            heard_again = "the same request spoken again was answered"
+        except LiveFailure:
+            heard_again = "the same request spoken again was not answered either"
+        again.wait(5)
+        raise LiveFailure(f"{exc}\nthe server's streams then: playing to {played}, recording from {recorded}\n"
+                          f"{graph}\n{heard_again}") from None
     assert player.wait(5) == 0, player.stderr.read()
     time.sleep(0.5)  # a margin of silence after it
 
