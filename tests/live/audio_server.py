@@ -207,39 +207,57 @@ class AudioServer:
                     for line in self.pactl("list", "short", "source-outputs").stdout.splitlines()]
         return played, recorded
 
+    def links(self) -> list[tuple[str, str, str, str, str]]:
+        """Every link of the audio server's graph as the server itself has it
+        (pactl's stream-to-device view is what the session manager asked
+        for, not proof of a running link): (output node, input node, the
+        link's state, the output node's state, the input node's state), by
+        node name ("ALSA Capture"/"ALSA Playback": the service's streams)."""
+        objects = self._dump()
+        nodes = {o.get("id"): ((o.get("info") or {}).get("props") or {}).get("node.name", "?") for o in objects
+                 if o.get("type") == "PipeWire:Interface:Node"}
+        states = {o.get("id"): (o.get("info") or {}).get("state") for o in objects
+                  if o.get("type") == "PipeWire:Interface:Node"}
+        found = []
+        for obj in objects:
+            if obj.get("type") == "PipeWire:Interface:Link":
+                info = obj.get("info") or {}
+                out, into = info.get("output-node-id"), info.get("input-node-id")
+                found.append((nodes.get(out, "?"), nodes.get(into, "?"), str(info.get("state")),
+                              str(states.get(out)), str(states.get(into))))
+        return found
+
     def graph(self) -> str:
         """What the audio server's graph is now, for a failure's message: the
-        links port to port (`pw-link -l`) and each node's state, as the
-        server itself has them (pactl's stream-to-device view is what the
-        session manager asked for, not proof of a running link)."""
-        import json
-
-        links = subprocess.run(["pw-link", "-l"], env=self.env, capture_output=True, text=True, timeout=10).stdout
-        dump = subprocess.run(["pw-dump"], env=self.env, capture_output=True, text=True, timeout=10).stdout
-        try:
-            objects = json.loads(dump or "[]")
-        except ValueError:
-            objects = []
-        if dump_dir := os.environ.get("VOICE_LIVE_DUMP"):  # the whole graph, for a person chasing a failure
-            Path(dump_dir).mkdir(parents=True, exist_ok=True)
-            (Path(dump_dir) / f"pw-dump-{time.time():.0f}.json").write_text(dump)
-        names, nodes, node_links = {}, [], []
+        links port to port (`pw-link -l`), node to node with their states,
+        and each node. With VOICE_LIVE_DUMP set, the whole `pw-dump` is
+        written into that folder too."""
+        ports = subprocess.run(["pw-link", "-l"], env=self.env, capture_output=True, text=True, timeout=10).stdout
+        objects = self._dump(keep=True)
+        nodes = []
         for obj in objects:
             info = obj.get("info") or {}
             props = info.get("props") or {}
             if obj.get("type") == "PipeWire:Interface:Node":
-                names[obj.get("id")] = props.get("node.name", "?")
                 nodes.append(f"  {obj.get('id')} {props.get('node.name', '?')} [{props.get('media.class', '')}] "
                              f"{info.get('state')}{' ' + str(info['error']) if info.get('error') else ''}"
                              f" driver={props.get('node.driver', '-')}")
-        for obj in objects:
-            info = obj.get("info") or {}
-            if obj.get("type") == "PipeWire:Interface:Link":
-                node_links.append(f"  {names.get(info.get('output-node-id'), '?')} -> "
-                                  f"{names.get(info.get('input-node-id'), '?')}: {info.get('state')}"
-                                  f"{' ' + str(info['error']) if info.get('error') else ''}")
-        return ("ports:\n" + links.rstrip() + "\nnode links:\n" + "\n".join(node_links) + "\nnodes:\n"
+        node_links = [f"  {out} ({out_state}) -> {into} ({in_state}): {state}"
+                      for out, into, state, out_state, in_state in self.links()]
+        return ("ports:\n" + ports.rstrip() + "\nnode links:\n" + "\n".join(node_links) + "\nnodes:\n"
                 + "\n".join(nodes))
+
+    def _dump(self, keep: bool = False) -> list[dict]:
+        import json
+
+        dump = subprocess.run(["pw-dump"], env=self.env, capture_output=True, text=True, timeout=10).stdout
+        if keep and (dump_dir := os.environ.get("VOICE_LIVE_DUMP")):  # for a person chasing a failure
+            Path(dump_dir).mkdir(parents=True, exist_ok=True)
+            (Path(dump_dir) / f"pw-dump-{time.time():.0f}.json").write_text(dump)
+        try:
+            return json.loads(dump or "[]")
+        except ValueError:
+            return []
 
     def stop(self) -> None:
         """End the processes this instance started (each in its own session)."""

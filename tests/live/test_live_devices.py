@@ -85,9 +85,15 @@ def seconds_until(daemon: LiveDaemon, condition, what: str, since: float, timeou
 
 def on(audio: AudioServer, speaker: str, mic: str) -> bool:
     """The service's streams play to `speaker` and record from `mic` (the
-    test's own recorders record monitors only)."""
+    test's own recorders record monitors only), and the server runs those
+    links: pactl lists a stream on its device as soon as the link is made,
+    which is before sound flows through it."""
     played, recorded = audio.connections()
-    return played == [speaker] and mic in recorded
+    if not (played == [speaker] and mic in recorded):
+        return False
+    running = {(out, into) for out, into, state, out_state, in_state in audio.links()
+               if state == "active" and out_state == in_state == "running"}
+    return {(mic, "ALSA Capture"), ("ALSA Playback", speaker)} <= running
 
 
 def noticed(daemon: LiveDaemon, what: str) -> bool:
