@@ -180,6 +180,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                   f"marks count from the VAD's onset); delivered: {t['delivered_text']!r}")
     if summary["device"]["gave_up"]:
         print(f"voice: warning: {summary['device']['gave_up']}", file=sys.stderr)
+    for loss in summary["device"]["losses_not_reached"]:
+        print(f"voice: warning: {loss}", file=sys.stderr)
     if args.show:
         from voice.show.load import from_replay_dir
         from voice.show.page import write_html, write_png

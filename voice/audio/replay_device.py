@@ -136,6 +136,7 @@ class ReplayDevice:
     tick_lateness: deque[float] = field(init=False)
     lateness_counts: Counter[float] = field(default_factory=Counter)  # ms (to 0.1) -> ticks, with `summarize`
     gave_up: str | None = None
+    losses_not_reached: list[str] = field(default_factory=list)  # [[audio_lost]] the scenario ended before
     _echo: "_EchoPath | None" = None
     _audible_from: int = 0  # placed clips before this one have ended: mixing skips them
     _quiet_since: int | None = None  # idle since this position, the previous clip over (NOTHING_TO_CUT_S)
@@ -217,6 +218,7 @@ class ReplayDevice:
                 if self.idle():
                     idle_since = self.position if idle_since is None else idle_since
                     if self.position - idle_since >= tail and not self.hold:
+                        self._not_reached(losses, since_loss)
                         return
                 else:
                     idle_since = None
@@ -227,6 +229,21 @@ class ReplayDevice:
                 self.lateness_counts[round(late * 1000, 1)] += 1
             await anyio.sleep_until(deadline)
         self.gave_up = f"the scenario reached max_duration = {self.scenario.max_duration} s"
+        self._not_reached(losses, since_loss)
+
+    def _not_reached(self, losses: deque[AudioLoss], since: int) -> None:
+        """Say which losses never came: the scenario ended first."""
+        ended = f"the scenario ended at {self.position / MIC_RATE:g} s"
+        for loss in losses:
+            if loss.at_s is not None:
+                self.losses_not_reached.append(f"[[audio_lost]] at = {loss.at_s:g} never came: {ended}")
+                continue
+            began = next((s for s in self.buffer.starts if s >= since), None)
+            self.losses_not_reached.append(
+                f"[[audio_lost]] into_reply = {loss.into_reply_s:g} never came: {ended}, "
+                + ("before a reply began to play" if began is None else
+                   f"{(self.position - began) / MIC_RATE:g} s into the reply it waited for"))
+        losses.clear()
 
     def _loss_due(self, loss: AudioLoss, since: int) -> bool:
         if loss.at_s is not None:
@@ -237,8 +254,7 @@ class ReplayDevice:
     async def _lose(self, loss: AudioLoss, on_audio: OnAudio | None) -> None:
         """A scenario's `[[audio_lost]]`: told as the live device tells it;
         nothing is heard or pulled until it is back."""
-        at_s = loss.at_s if loss.at_s is not None else self.position / MIC_RATE
-        reason = f"the scenario's sound card went at {at_s:g} s"
+        reason = f"the scenario's sound card went at {self.position / MIC_RATE:g} s"
         self._lost = {"since": time.monotonic(), "reason": reason, "attempts": 0, "error": None, "at_start": False}
         if on_audio is not None:  # (no output latency: what was pulled has come out of the speaker)
             on_audio(AudioLost(reason=reason, heard_to=self.buffer.position))

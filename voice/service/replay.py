@@ -317,5 +317,6 @@ def _summary(session, device, spans: SpeechSpans, store, wall: float) -> dict[st
             "tick_lateness_ms_p99": device.lateness_p99_ms(),
             "clips": [{"audio": p.clip.name, "start_s": p.start / MIC_RATE, "onset_s": p.onset / MIC_RATE} for p in device.placed],
             "gave_up": device.gave_up,
+            "losses_not_reached": device.losses_not_reached,
         },
     }

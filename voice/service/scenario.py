@@ -266,6 +266,9 @@ def _losses(path: Path, raw: list[dict]) -> tuple[AudioLoss, ...]:
     """Losses in the order they come: by `at` when every one has it, else as written."""
     losses = []
     for n, loss in enumerate(raw, 1):
+        if unknown := set(loss) - {"at", "into_reply", "back_after"}:
+            raise ValueError(f"scenario {path}: [[audio_lost]] {n} has unknown key(s) {sorted(unknown)}; "
+                             "allowed: at or into_reply, and back_after")
         if set(loss) not in ({"at", "back_after"}, {"into_reply", "back_after"}):
             raise ValueError(f"scenario {path}: [[audio_lost]] {n} needs exactly at = SECONDS (the scenario's clock) "
                              "or into_reply = SECONDS (after the next reply's first sample), and back_after = "
