@@ -227,6 +227,18 @@ class AudioServer:
                               str(states.get(out)), str(states.get(into))))
         return found
 
+    def running_links(self) -> set[tuple[str, str]]:
+        """(output node, input node) of each link the server runs: active, both nodes running."""
+        return {(out, into) for out, into, state, out_state, in_state in self.links()
+                if state == "active" and out_state == in_state == "running"}
+
+    def service_linked(self) -> bool:
+        """The service's capture and playback streams (PipeWire's ALSA plugin:
+        "ALSA Capture", "ALSA Playback") each run a link: sound flows both ways."""
+        running = self.running_links()
+        return (any(into == "ALSA Capture" for _, into in running)
+                and any(out == "ALSA Playback" for out, _ in running))
+
     def graph(self) -> str:
         """What the audio server's graph is now, for a failure's message: the
         links port to port (`pw-link -l`), node to node with their states,

@@ -62,6 +62,7 @@ class LiveDaemon:
     def __init__(self, tmp: Path, audio: AudioServer, script: Path | None = None, *, config: str | None = None,
                  args: tuple[str, ...] = (), listen_mode: str = "open", device_rate: int | None = None):
         tmp.mkdir(parents=True, exist_ok=True)
+        self.audio = audio
         self.db = tmp / "events.db"
         self.env = {**audio.env, "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data"),
                     "XDG_CONFIG_HOME": str(tmp / "config"), "HF_HUB_OFFLINE": "1",
@@ -92,7 +93,11 @@ class LiveDaemon:
             time.sleep(0.02)
 
     def wait_listening(self, timeout: float = 90) -> None:
+        """The daemon says it listens, and the audio server runs its streams'
+        links: it links a new stream on its own time, and words spoken
+        before that are not heard by anyone."""
         self.wait(lambda: any(line.startswith("listening") for line in self.err), timeout, "the daemon to listen")
+        self.wait(self.audio.service_linked, 10, "the audio server to run the daemon's links")
 
     def log(self) -> str:
         return "stdout:\n" + "\n".join(self.out[-20:]) + "\nstderr:\n" + "\n".join(self.err[-40:])

@@ -89,11 +89,8 @@ def on(audio: AudioServer, speaker: str, mic: str) -> bool:
     links: pactl lists a stream on its device as soon as the link is made,
     which is before sound flows through it."""
     played, recorded = audio.connections()
-    if not (played == [speaker] and mic in recorded):
-        return False
-    running = {(out, into) for out, into, state, out_state, in_state in audio.links()
-               if state == "active" and out_state == in_state == "running"}
-    return {(mic, "ALSA Capture"), ("ALSA Playback", speaker)} <= running
+    return (played == [speaker] and mic in recorded
+            and {(mic, "ALSA Capture"), ("ALSA Playback", speaker)} <= audio.running_links())
 
 
 def noticed(daemon: LiveDaemon, what: str) -> bool:
