@@ -82,7 +82,10 @@ class LiveDaemon:
         self._lines = OutputLines(self.proc)
         self.out, self.err = self._lines.out, self._lines.err
 
-    def wait(self, condition, timeout: float, what: str) -> None:
+    def wait(self, condition, timeout: float, what: str, poll_s: float = 0.02) -> None:
+        """Until `condition()`; `poll_s` apart (a condition that asks the audio
+        server its graph costs it a client each time: not every 20 ms, which
+        was seen to leave new links carrying silence)."""
         deadline = time.monotonic() + timeout
         while not condition():
             if self.proc.poll() is not None:
@@ -90,14 +93,14 @@ class LiveDaemon:
                 raise LiveFailure(f"voice run exited ({self.proc.returncode}) while waiting for {what}:\n{self.log()}")
             if time.monotonic() > deadline:
                 raise LiveFailure(f"timed out ({timeout:.0f} s) waiting for {what}:\n{self.log()}")
-            time.sleep(0.02)
+            time.sleep(poll_s)
 
     def wait_listening(self, timeout: float = 90) -> None:
         """The daemon says it listens, and the audio server runs its streams'
         links: it links a new stream on its own time, and words spoken
         before that are not heard by anyone."""
         self.wait(lambda: any(line.startswith("listening") for line in self.err), timeout, "the daemon to listen")
-        self.wait(self.audio.service_linked, 10, "the audio server to run the daemon's links")
+        self.wait(self.audio.service_linked, 10, "the audio server to run the daemon's links", poll_s=0.5)
 
     def log(self) -> str:
         return "stdout:\n" + "\n".join(self.out[-20:]) + "\nstderr:\n" + "\n".join(self.err[-40:])
