@@ -207,24 +207,23 @@ class AudioServer:
                     for line in self.pactl("list", "short", "source-outputs").stdout.splitlines()]
         return played, recorded
 
-    def links(self) -> list[tuple[str, str, str, str, str]]:
+    def links(self, objects: list[dict] | None = None) -> list[tuple[str, str, str, str, str]]:
         """Every link of the audio server's graph as the server itself has it
         (pactl's stream-to-device view is what the session manager asked
         for, not proof of a running link): (output node, input node, the
         link's state, the output node's state, the input node's state), by
         node name ("ALSA Capture"/"ALSA Playback": the service's streams)."""
-        objects = self._dump()
-        nodes = {o.get("id"): ((o.get("info") or {}).get("props") or {}).get("node.name", "?") for o in objects
-                 if o.get("type") == "PipeWire:Interface:Node"}
-        states = {o.get("id"): (o.get("info") or {}).get("state") for o in objects
-                  if o.get("type") == "PipeWire:Interface:Node"}
+        objects = self._dump() if objects is None else objects
+        nodes = {o.get("id"): (((o.get("info") or {}).get("props") or {}).get("node.name", "?"),
+                               str((o.get("info") or {}).get("state")))
+                 for o in objects if o.get("type") == "PipeWire:Interface:Node"}
         found = []
         for obj in objects:
             if obj.get("type") == "PipeWire:Interface:Link":
                 info = obj.get("info") or {}
-                out, into = info.get("output-node-id"), info.get("input-node-id")
-                found.append((nodes.get(out, "?"), nodes.get(into, "?"), str(info.get("state")),
-                              str(states.get(out)), str(states.get(into))))
+                (out, out_state), (into, in_state) = (nodes.get(info.get(end), ("?", "None"))
+                                                      for end in ("output-node-id", "input-node-id"))
+                found.append((out, into, str(info.get("state")), out_state, in_state))
         return found
 
     def running_links(self) -> set[tuple[str, str]]:
@@ -255,7 +254,7 @@ class AudioServer:
                              f"{info.get('state')}{' ' + str(info['error']) if info.get('error') else ''}"
                              f" driver={props.get('node.driver', '-')}")
         node_links = [f"  {out} ({out_state}) -> {into} ({in_state}): {state}"
-                      for out, into, state, out_state, in_state in self.links()]
+                      for out, into, state, out_state, in_state in self.links(objects)]
         return ("ports:\n" + ports.rstrip() + "\nnode links:\n" + "\n".join(node_links) + "\nnodes:\n"
                 + "\n".join(nodes))
 

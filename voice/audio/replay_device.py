@@ -238,7 +238,7 @@ class ReplayDevice:
             if loss.at_s is not None:
                 self.losses_not_reached.append(f"[[audio_lost]] at = {loss.at_s:g} never came: {ended}")
                 continue
-            began = next((s for s in self.buffer.starts if s >= since), None)
+            began = self._reply_began(since)
             self.losses_not_reached.append(
                 f"[[audio_lost]] into_reply = {loss.into_reply_s:g} never came: {ended}, "
                 + ("before a reply began to play" if began is None else
@@ -248,8 +248,12 @@ class ReplayDevice:
     def _loss_due(self, loss: AudioLoss, since: int) -> bool:
         if loss.at_s is not None:
             return self.position >= loss.at_s * MIC_RATE
-        began = next((s for s in self.buffer.starts if s >= since), None)  # (the speaker's clock is the mic's)
+        began = self._reply_began(since)
         return began is not None and self.position >= began + loss.into_reply_s * MIC_RATE
+
+    def _reply_began(self, since: int) -> int | None:
+        """Where the first reply to begin playing at or after `since` began (the speaker's clock is the mic's)."""
+        return next((s for s in self.buffer.starts if s >= since), None)
 
     async def _lose(self, loss: AudioLoss, on_audio: OnAudio | None) -> None:
         """A scenario's `[[audio_lost]]`: told as the live device tells it;
