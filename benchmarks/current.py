@@ -52,7 +52,7 @@ def _idle(d: list[dict]) -> tuple[str, str]:
     by = {m: [w["idle_cpu_pct"] for w in d if w["mode"] == m] for m in ("wake", "open", "floor")}
     ours = (f"wake mode {_median(by['wake']):.1f} %, open {_median(by['open']):.1f} % of a core "
             f"(medians of {len(by['wake'])} × 20 s)")
-    return ours, f"a bare 32 ms duplex stream alone: {_median(by['floor']):.1f} % (range {min(by['floor']):.1f}-{max(by['floor']):.1f})"
+    return ours, f"bare 32 ms input and output streams alone: {_median(by['floor']):.1f} % (range {min(by['floor']):.1f}-{max(by['floor']):.1f})"
 
 
 def _live_v2v(d: dict) -> tuple[str, str]:

@@ -16,8 +16,8 @@
   (tests/live/conversation.py); the barge-in's onset in the mic feed to the
   last sample of the cut reply on `speaker.monitor`.
 - idle CPU of `voice run` listening to silence on the virtual devices
-  (with --idle-only: in wake and open mode, and the floor under both, a bare
-  duplex stream like LiveDevice's that only plays silence, one after the
+  (with --idle-only: in wake and open mode, and the floor under both, bare
+  input and output streams like LiveDevice's that only play silence, one after the
   other in each round, so all three compare within one run).
 - voice-to-voice, live: `voice run` in wake mode ("Okay Nabu. What time is
   it?", each after the conversation window has closed) and in open mode
@@ -191,15 +191,19 @@ def idle_cpu(server: AudioServer, work: Path, window: float, mode: str = "open")
             "threads_pct": {k: round(v, 2) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.05}}
 
 
-# The floor under idle CPU: the same duplex stream the daemon's LiveDevice opens (the default devices, int16, mono,
-# its blocks at the virtual devices' 48 kHz) with a callback that only writes silence, in a process of its own.
+# The floor under idle CPU: the same two streams the daemon's LiveDevice opens (the default devices, int16, mono,
+# their blocks at the virtual devices' 48 kHz) with callbacks that only take the mic and write silence, in a
+# process of its own.
 FLOOR_STREAM = """
 import os, sys, time
 import sounddevice as sd
-def callback(indata, outdata, frames, time_info, status):
+def on_input(indata, frames, time_info, status):
+    pass
+def on_output(outdata, frames, time_info, status):
     outdata.fill(0)
-with sd.Stream(samplerate=48000, blocksize=48000 * int(sys.argv[2]) // 1000, channels=1, dtype="int16",
-               callback=callback):
+block = 48000 * int(sys.argv[2]) // 1000
+with sd.InputStream(samplerate=48000, blocksize=block, channels=1, dtype="int16", callback=on_input), \\
+        sd.OutputStream(samplerate=48000, blocksize=block, channels=1, dtype="int16", callback=on_output):
     time.sleep(3.0)
     c0, t0 = os.times(), time.monotonic()
     time.sleep(float(sys.argv[1]))
@@ -209,7 +213,7 @@ print((c1.user - c0.user + c1.system - c0.system) / (t1 - t0) * 100)
 
 
 def idle_floor(server: AudioServer, window: float) -> dict:
-    """CPU of a bare duplex stream like LiveDevice's that only plays silence:
+    """CPU of bare input and output streams like LiveDevice's that only play silence:
     what the audio stack (PortAudio's and PipeWire's threads) costs alone."""
     import subprocess
 
@@ -219,7 +223,7 @@ def idle_floor(server: AudioServer, window: float) -> dict:
     out = subprocess.run([sys.executable, "-c", FLOOR_STREAM, str(window), str(DEVICE_BLOCK_MS)], env=server.env,
                          capture_output=True, text=True, timeout=window + 60)
     if out.returncode != 0:
-        raise RuntimeError(f"the bare stream failed: {out.stderr[-1000:]}")
+        raise RuntimeError(f"the bare streams failed: {out.stderr[-1000:]}")
     return {"idle_cpu_pct": float(out.stdout.split()[-1]), "idle_window_s": window, "load_avg_1min": load,
             "threads_pct": {}}
 

@@ -41,7 +41,7 @@ SAMPLES: list[ev.Body] = [
     ev.SpeechSentence(message_id="3.0.0", index=0, char_start=0, char_end=3, start=4800, length=4800, handed=2400,
                       method="alignment", words=[[0, 3, 0, 4800]], asked=102.25, ready=102.4, early=True),
     ev.AudioClock(mic=16000, speaker=48000, speaker_rate=48000, output_latency=960),
-    ev.DeviceLost(reason="the duplex stream stopped calling back (336 ms)", speaker=96000, mic=64000),
+    ev.DeviceLost(reason="the output stream stopped calling back (336 ms)", speaker=96000, mic=64000),
     ev.DeviceBack(devices="mic 'default' @ 44100 Hz, speaker 'default' @ 44100 Hz", after_s=4.2, attempts=4),
     ev.SystemResumed(asleep_s=28800.4),
     ev.SpeechOwed(text="Done, your timer for one minute is set.", said="aloud", waited_s=4.2),

@@ -186,6 +186,7 @@ class FakeStream:
                     raise TimeoutError(f"gate {i} never opened")
                 if self._halt.is_set():
                     break
+                self._keep_step(i)
                 t = i * frames / self.samplerate  # the fake clock
                 info = FakeTime(t, t + 0.05, t)
                 indata = self.sd.mic(i, frames).astype(np.int16).reshape(frames, 1)
@@ -211,6 +212,23 @@ class FakeStream:
             self.finished.set()
         if ended and self.finished_callback is not None:
             self.finished_callback()
+
+    def _keep_step(self, i: int) -> None:
+        """Block `i` of the mic's stream waits until the speaker's stream of
+        the same opening has been handed its block `i` (sound goes to the
+        device before its echo can be captured), and the speaker's block `i`
+        until the mic's `i - 1` is in: the two alternate, as two real
+        streams on one clock keep step (free-running threads drift apart by
+        many blocks). Not once the other has ended, and for at most 0.5 s."""
+        mine = self.sd.streams.index(self)
+        if self.kind == "input":
+            partner, needed = next((s for s in self.sd.streams[mine + 1:] if s.kind == "output"), None), i + 1
+        else:
+            partner, needed = next((s for s in reversed(self.sd.streams[:mine]) if s.kind == "input"), None), i
+        deadline = time.monotonic() + 0.5
+        while (partner is not None and partner.calls < needed and not partner.finished.is_set()
+               and not self._halt.is_set() and time.monotonic() < deadline):
+            time.sleep(0.0002)
 
     def stop(self) -> None:
         self.stopped = True
@@ -300,11 +318,11 @@ def test_unknown_device_raises_audio_unavailable(fake_sd):
     assert "No input device matching 'nope'" in str(info.value)
 
 
-# -- duplex at 16 kHz --------------------------------------------------------------
+# -- the mic and the speaker at 16 kHz: two streams (voice.audio.live) -------------
 
 
 @pytest.mark.anyio
-async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
+async def test_the_output_is_exactly_what_the_buffer_pulls_and_the_mic_comes_whole(fake_sd):
     sd = fake_sd(16000.0, 16000.0, blocks=40)
     dev = LiveDevice()
     rng = np.random.default_rng(7)
@@ -321,13 +339,14 @@ async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
         echo_reference.append(reference)
 
     await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 40)
-    [stream] = sd.streams
-    assert stream.kind == "duplex"
-    assert not stream.errors
-    assert (stream.samplerate, stream.blocksize, stream.channels, stream.dtype) == (16000, 320, 1, "int16")
-    assert stream.device == (None, None)
-    assert stream.started and stream.stopped and stream.closed
-    assert stream.calls == 40
+    assert [s.kind for s in sd.streams] == ["input", "output"]  # never one duplex stream
+    inp, stream = sd.stream("input"), sd.stream("output")
+    for s in (inp, stream):
+        assert not s.errors
+        assert (s.samplerate, s.blocksize, s.channels, s.dtype) == (16000, 320, 1, "int16")
+        assert s.device is None
+        assert s.started and s.stopped and s.closed
+        assert s.calls == 40
 
     assert all(o.shape == (320, 1) and o.dtype == np.int16 for o in stream.outputs)
     out = np.concatenate([o[:, 0] for o in stream.outputs])
@@ -335,19 +354,23 @@ async def test_duplex_output_is_exactly_what_the_buffer_pulls(fake_sd):
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(out[:4277], np.concatenate(speech))
     assert not out[4277:].any()
-    # the echo canceller's reference is exactly what was handed to the device, in step with the mic
-    np.testing.assert_array_equal(np.frombuffer(b"".join(echo_reference), np.int16), out)
+    # the echo canceller's reference is exactly what was handed to the device, in order, nothing skipped or
+    # repeated: each mic block comes with what the speaker was handed since the block before (the last
+    # blocks handed after the last mic block wait for the next one)
+    ref = np.frombuffer(b"".join(echo_reference), np.int16)
+    assert len(ref) and all(len(r) % 640 == 0 for r in echo_reference)
+    np.testing.assert_array_equal(ref, out[:len(ref)])
     assert dev.buffer.position == 40 * 320
     assert dev.buffer.starts == [0, 1000, 3500]
 
     # Mic: 16 kHz int16 bytes, block by block, unchanged.
     assert [len(b) for b in mic] == [640] * 40
     got = np.frombuffer(b"".join(mic), dtype=np.int16)
-    np.testing.assert_array_equal(got, np.concatenate(stream.inputs))
+    np.testing.assert_array_equal(got, np.concatenate(inp.inputs))
     np.testing.assert_array_equal(got[:320], mic_block(0, 320).astype(np.int16))
     assert dev.dropped_blocks == 0
 
-    # Latency: the duplex stream's output latency, in output samples.
+    # Latency: the output stream's output latency, in output samples.
     assert dev.output_latency() == round(0.05 * 16000) == 800
 
 
@@ -366,7 +389,7 @@ async def test_a_requested_clear_takes_effect_in_the_next_callback(fake_sd):
     async with anyio.create_task_group() as tg:
         tg.start_soon(dev.run, on_mic)
         with anyio.fail_after(5):
-            while not sd.streams or sd.streams[0].calls < 5:
+            while not sd.of_kind("output") or sd.stream("output").calls < 5:
                 await anyio.sleep(0.002)
         dev.buffer.request_clear()  # from the event loop, as VoiceSurface.stop does
         resume.set()
@@ -375,7 +398,7 @@ async def test_a_requested_clear_takes_effect_in_the_next_callback(fake_sd):
                 await anyio.sleep(0.002)
         tg.cancel_scope.cancel()
 
-    [stream] = sd.streams
+    stream = sd.stream("output")
     assert not stream.errors
     assert stream.calls == 20
     out = np.concatenate([o[:, 0] for o in stream.outputs])
@@ -425,7 +448,7 @@ async def test_48k_mic_is_resampled_to_16k_and_output_latency_comes_from_the_out
 
 
 @pytest.mark.anyio
-async def test_duplex_at_48k_resamples_the_mic_and_reports_latency_at_48k(fake_sd):
+async def test_both_at_48k_the_mic_is_resampled_and_latency_is_reported_at_48k(fake_sd):
     sd = fake_sd(48000.0, 48000.0, blocks=30)
     dev = LiveDevice()
     mic: list[bytes] = []
@@ -434,11 +457,11 @@ async def test_duplex_at_48k_resamples_the_mic_and_reports_latency_at_48k(fake_s
         mic.append(data)
 
     await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and len(mic) == 30)
-    [stream] = sd.streams
-    assert stream.kind == "duplex"
-    assert (stream.samplerate, stream.blocksize) == (48000, 960)
-    assert not stream.errors
-    assert stream.stopped and stream.closed
+    assert [s.kind for s in sd.streams] == ["input", "output"]
+    for stream in sd.streams:
+        assert (stream.samplerate, stream.blocksize) == (48000, 960)
+        assert not stream.errors
+        assert stream.stopped and stream.closed
     total = sum(len(b) for b in mic) // 2
     assert abs(total - 960 * 30 / 3) <= 320, total
     assert dev.output_latency() == round(0.05 * 48000) == 2400
@@ -472,11 +495,13 @@ async def test_cancelling_run_stops_and_closes_streams_while_they_still_run(fake
         mic.append(data)
 
     await run_until(dev, sd, on_mic, lambda: len(mic) == 3)
-    [stream] = sd.streams
-    assert stream.stopped and stream.closed
-    assert stream.finished.wait(5)
-    assert stream.calls == 3
-    assert not stream.errors
+    assert [s.kind for s in sd.streams] == ["input", "output"]
+    for stream in sd.streams:
+        assert stream.stopped and stream.closed
+        assert stream.finished.wait(5)
+        assert not stream.errors
+    # (the first stream's stop opens the fake's gates: the other may make one more call before its own stop)
+    assert sd.stream("input").calls == 3 and 3 <= sd.stream("output").calls <= 4
 
 
 # -- silence held while the service waits (voice.audio.silence_hold) ---------------------
@@ -499,10 +524,13 @@ async def test_silence_is_handed_on_held_and_whole_and_sound_at_once_on_its_own(
         refs.append(reference)
 
     await run_until(dev, sd, on_mic, lambda: all_streams_done(sd) and sum(map(len, mic)) == 200 * 640)
-    [stream] = sd.streams
     got = np.frombuffer(b"".join(mic), np.int16)
-    np.testing.assert_array_equal(got, np.concatenate(stream.inputs))  # every sample, in order
-    assert sum(map(len, refs)) == sum(map(len, mic))  # the echo reference is whole too
+    np.testing.assert_array_equal(got, np.concatenate(sd.stream("input").inputs))  # every sample, in order
+    # the echo reference is whole too: what the speaker was handed, in order, none of it dropped while held
+    played = np.concatenate([o[:, 0] for o in sd.stream("output").outputs])
+    ref = np.frombuffer(b"".join(refs), np.int16)
+    assert len(ref)
+    np.testing.assert_array_equal(ref, played[:len(ref)])
     sizes = [len(b) // 2 for b in mic]
     # The first 2 s (100 blocks) of silence one by one, then held: blocks of at most 0.25 s (+ one).
     assert sizes[:100] == [320] * 100
@@ -610,14 +638,16 @@ async def test_a_stream_that_stops_calling_is_lost_within_a_second_then_reopened
 
     t0 = time.monotonic()
     told = await run_telling(dev, on_mic, lambda told: len(told) == 2 and len(mic) >= 30)
-    first, second = sd.of_kind("duplex")
+    first, second = sd.of_kind("input")
+    assert len(sd.of_kind("output")) == 2
     assert 0.7 <= told_at[0] - first.last_call < 1.0, "a stall is known within a second, not before 0.7 s"
     assert kinds(told) == ["AudioLost", "AudioBack"], told
     lost, back = told
     assert isinstance(lost, AudioLost) and "stopped calling back" in lost.reason, lost
     assert isinstance(back, AudioBack) and back.attempts == 1 and back.devices == dev.describe()
     assert back.after_s < 1.0, back  # from the loss: the 0.2 s back-off, then the first mic block
-    assert first.stopped and first.closed and first.calls == 20
+    for stream in (first, sd.of_kind("output")[0]):
+        assert stream.stopped and stream.closed and stream.calls == 20
     assert sd.terminated == sd.initialized == 1  # a fresh device list, with nothing of ours open
     assert second.started and second.stopped and second.closed  # (closed by the cancellation)
     assert len(mic) >= 30 and time.monotonic() - t0 < 5
@@ -661,7 +691,7 @@ async def test_a_pinned_card_unplugged_falls_back_to_the_default_and_returns_whe
     gone, back = told[1], told[3]
     assert isinstance(gone, PinnedChange) and not gone.present and gone.pinned == "mic 'USB' and speaker 'USB'"
     assert isinstance(back, PinnedChange) and back.present and "fake input USB" in back.devices, back
-    assert [s.device for s in sd.of_kind("duplex")] == [("USB", "USB"), (None, None), ("USB", "USB")]
+    assert [s.device for s in sd.of_kind("input")] == [s.device for s in sd.of_kind("output")] == ["USB", None, "USB"]
     assert sd.terminated == sd.initialized == 2  # a fresh device list before each reopening
 
 
@@ -671,14 +701,16 @@ async def test_a_pinned_card_listed_but_busy_after_a_loss_falls_back_to_the_defa
     lists it, but it will not open: the default devices are used, not a
     service retrying a busy card for ever."""
     sd = fake_sd(16000.0, 16000.0, blocks=[20, 100000])
-    stream = sd.module.Stream
 
-    def opening(**kw):
-        if kw["device"] == ("USB", "USB") and sd.streams:  # the first opening worked
-            raise FakePortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
-        return stream(**kw)
+    def busy(kind: str, stream):
+        def opening(**kw):
+            if kw["device"] == "USB" and sd.of_kind(kind):  # the first opening worked
+                raise FakePortAudioError("Error opening Stream: Device unavailable [PaErrorCode -9985]")
+            return stream(**kw)
+        return opening
 
-    sd.module.Stream = opening
+    sd.module.InputStream = busy("input", sd.module.InputStream)
+    sd.module.OutputStream = busy("output", sd.module.OutputStream)
     dev = LiveDevice("USB", "USB")
     mic: list[bytes] = []
 
@@ -688,7 +720,7 @@ async def test_a_pinned_card_listed_but_busy_after_a_loss_falls_back_to_the_defa
     told = await run_telling(dev, on_mic, lambda told: len(told) == 3 and len(mic) > 40)
     assert kinds(told) == ["AudioLost", "PinnedChange", "AudioBack"], told
     assert not told[1].present
-    assert [s.device for s in sd.of_kind("duplex")] == [("USB", "USB"), (None, None)]
+    assert [s.device for s in sd.of_kind("input")] == [s.device for s in sd.of_kind("output")] == ["USB", None]
 
 
 @pytest.mark.anyio
@@ -702,7 +734,7 @@ async def test_a_stream_that_ends_on_its_own_is_lost(fake_sd):
     told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
     assert kinds(told) == ["AudioLost", "AudioBack"]
     assert told[0].reason == "the stream ended on its own"
-    assert len(sd.of_kind("duplex")) == 2
+    assert len(sd.of_kind("input")) == len(sd.of_kind("output")) == 2
 
 
 @pytest.mark.anyio
@@ -718,7 +750,7 @@ async def test_errors_on_every_block_are_a_loss_and_an_xrun_now_and_then_is_not(
     assert kinds(told) == ["AudioLost", "AudioBack"]
     assert "reported errors on 10 blocks in a row" in told[0].reason, told[0]
     # not at the scattered xruns before block 100 (and it calls on until it is closed)
-    assert 110 <= sd.of_kind("duplex")[0].calls < 400
+    assert 110 <= sd.of_kind("input")[0].calls < 400
 
 
 @pytest.mark.anyio
@@ -783,7 +815,7 @@ async def test_a_stream_whose_stop_never_returns_is_left_and_portaudio_is_not_te
         assert time.monotonic() - t0 < 4  # the stall (0.7 s), a second to give up its close, another at the cancellation
         assert sd.terminated == sd.initialized == 0
         assert sd.module._initialized == 0  # sounddevice's exit handler will not terminate PortAudio either
-        assert len(sd.of_kind("duplex")) == 2
+        assert len(sd.of_kind("input")) == len(sd.of_kind("output")) == 2
         assert silenced  # the wedged thread's endless messages (the reopened one wedges too, as it is cancelled)
         assert "cannot be closed (a PortAudio 19.6 bug" in capsys.readouterr().err
     finally:
@@ -836,12 +868,12 @@ async def test_a_stream_gets_longer_for_its_first_call_but_one_that_never_calls_
             while len(mic) < 5:
                 await anyio.sleep(0.002)
         tg.cancel_scope.cancel()
-    assert told == [] and len(sd.of_kind("duplex")) == 1
+    assert told == [] and len(sd.of_kind("input")) == len(sd.of_kind("output")) == 1
 
     sd = fake_sd(16000.0, 16000.0, blocks=[0, 1000])  # never calls back
     dev = LiveDevice()
     told = await run_telling(dev, on_mic, lambda told: len(told) == 2)
-    assert told[0].reason.startswith("the duplex stream never called back ("), told[0]
+    assert told[0].reason.startswith("the input stream never called back ("), told[0]
 
 
 @pytest.mark.anyio
@@ -880,7 +912,7 @@ async def test_reopen_after_a_sleep_is_told_at_once_and_what_is_queued_after_the
         tg.cancel_scope.cancel()
     assert kinds(told) == ["AudioLost", "AudioBack"]
     assert 50 * 320 <= cut_at == dev.buffer.handed("reply") < len(reply)  # nothing of the reply after the cut
-    first, second = sd.of_kind("duplex")
+    first, second = sd.of_kind("output")
     assert first.stopped and first.closed and second.started
     dev.reopen("again, while no stream runs")  # (the device has ended: nothing to lose)
     assert len(told) == 2

@@ -29,22 +29,18 @@ class Times:
 
 
 def fake_sounddevice(dac_delay: float, static: float = 0.04):
-    """A duplex stream that makes one callback (DAC time `dac_delay` after
-    now), then holds until stopped."""
+    """An input and an output stream (as LiveDevice opens them) that each
+    make one callback (the output's DAC time `dac_delay` after now), then
+    hold until stopped."""
     called = threading.Event()
 
     class Stream:
-        latency = (0.01, static)
-
         def __init__(self, *, callback, blocksize, **kw):
             self.callback, self.frames, self.halt = callback, blocksize, threading.Event()
 
         def start(self):
             def run():
-                outdata = np.zeros((self.frames, 1), np.int16)
-                indata = np.zeros((self.frames, 1), np.int16)
-                self.callback(indata, outdata, self.frames, Times(100.0, 100.0 + dac_delay, 100.0), None)
-                called.set()
+                self.call(np.zeros((self.frames, 1), np.int16), Times(100.0, 100.0 + dac_delay, 100.0))
                 self.halt.wait(5)
             threading.Thread(target=run, daemon=True).start()
 
@@ -54,10 +50,23 @@ def fake_sounddevice(dac_delay: float, static: float = 0.04):
         def close(self):
             pass
 
+    class InputStream(Stream):
+        latency = 0.01
+
+        def call(self, indata, times) -> None:
+            self.callback(indata, self.frames, times, None)
+
+    class OutputStream(Stream):
+        latency = static
+
+        def call(self, outdata, times) -> None:
+            self.callback(outdata, self.frames, times, None)
+            called.set()
+
     sd = types.ModuleType("sounddevice")
     sd.PortAudioError = RuntimeError
     sd.query_devices = lambda device=None, kind=None: {"name": "fake", "default_samplerate": float(RATE)}
-    sd.Stream = Stream
+    sd.InputStream, sd.OutputStream = InputStream, OutputStream
     return sd, called
 
 

@@ -1,10 +1,13 @@
 """Echo cancellation before VAD: WebRTC AEC3 through livekit's
 AudioProcessingModule, on 10 ms int16 frames at 16 kHz.
 
-The reference is exactly what the player handed to the device in the same
-duplex block as the mic samples (tapped at write time, resampled to 16 kHz
-once). Measured: fed 40 ms late, every canceller failed, so the reference
-never takes a detour through a queue the mic does not share.
+The reference is exactly what the output callback handed to the device
+since the previous mic block (tapped at write time, resampled to 16 kHz
+once), handed on with the mic block that follows it: sound is written to
+the speaker before its echo can be captured, so the reference leads the
+echo by the output latency plus at most one block, a delay the canceller
+estimates. Measured: fed 40 ms late, every canceller failed, so the
+reference never takes a detour through a queue the mic does not share.
 
 AEC3 also holds back near-end speech while the far end plays, even when no
 echo reaches the mic (a headset): a short "Stop." was then heard 1.5 s late.
@@ -81,8 +84,8 @@ class EchoCanceller:
         self._quiet_samples = 0  # mic samples since the reference was last loud
 
     def process(self, mic: bytes, reference: bytes, *, busy: bool = True) -> bytes:
-        """One duplex block: `reference` (what was just played, 16 kHz) and
-        `mic` (captured with it); `busy`: the assistant is busy (it may play
+        """One mic block: `reference` (what was handed to the speaker since
+        the block before, 16 kHz) and `mic` (captured with it); `busy`: the assistant is busy (it may play
         soon). Returns as many cleaned mic samples as whole 10 ms frames
         allow; the rest waits for the next block."""
         ref = np.frombuffer(reference, np.int16)

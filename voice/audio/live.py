@@ -11,6 +11,18 @@ block's first sample, and the cursor stands still between callbacks;
 benchmarks/live.py). The static figure is only the fallback.
 Mic blocks leave the callback through a bounded queue (never blocking it)
 and are resampled to 16 kHz mono with soxr on the event loop side.
+
+The mic and the speaker are two streams, never one duplex stream. PortAudio's
+duplex stream on ALSA waits for both sides in one loop; when the two run on
+different clocks (on PipeWire: the mic's graph and the speaker's have
+different quanta as soon as another program plays or records on one of them
+at another latency, a level meter or a call at 10 ms) it fills every other
+mic block with zeros, flagged `input underflow`, and that audio is gone.
+Measured on the live tests' PipeWire with a 10 ms recorder on the speaker: a
+3 s tone into the mic reached a duplex callback as 65,452 of 132,300
+samples (94 of 189 blocks zero-filled); two streams got 131,222, the whole
+tone. That was the request heard as "What's that?", or not at all, after
+the devices changed (tests/live/test_live_mic_whole.py).
 """
 
 from __future__ import annotations
@@ -347,8 +359,7 @@ class LiveDevice:
         hold = (SilenceHold(self._in_rate, self._out_rate, floor_dbfs=self.hold_floor_dbfs,
                             quiet_s=self.hold_after_quiet_s, max_s=self.hold_silence_s)
                 if self.hold_silence_s > 0 else None)
-        duplex = self._in_rate == self._out_rate
-        watch = StreamWatch(self.block_ms / 1000, ("duplex",) if duplex else ("input", "output"))
+        watch = StreamWatch(self.block_ms / 1000, ("input", "output"))
 
         def put(block: list[np.ndarray]) -> None:
             try:
@@ -362,7 +373,7 @@ class LiveDevice:
 
         def on_output(outdata, frames, time_info, status) -> None:
             with watch.lock:
-                if not watch.called("duplex" if duplex else "output", status):
+                if not watch.called("output", status):
                     outdata.fill(0)  # lost: the speaker position stays where the sound stopped
                     return
                 # Stamped before the pull: a reader that pairs it with the position before the pull
@@ -376,17 +387,12 @@ class LiveDevice:
                 hold.played(samples, silent=samples is silence(frames))
 
         def on_input(indata, frames, time_info, status) -> None:
-            if not duplex and not watch.called("input", status):
+            if not watch.called("input", status):
                 return
             block = indata[:, 0].copy()
             blocks = hold.take(block) if hold is not None else [block]
             if blocks:  # (none: held, silence while the service waits)
                 loop.call_soon_threadsafe(put, blocks)
-
-        def on_duplex(indata, outdata, frames, time_info, status) -> None:
-            on_output(outdata, frames, time_info, status)
-            if watch.lost is None:
-                on_input(indata, frames, time_info, status)
 
         resampler = soxr.ResampleStream(self._in_rate, MIC_RATE, 1, dtype="int16") if self._in_rate != MIC_RATE else None
         ref_resampler = (soxr.ResampleStream(self._out_rate, MIC_RATE, 1, dtype="int16")
@@ -406,7 +412,7 @@ class LiveDevice:
                 await on_mic(block.tobytes(), reference.tobytes())
 
         try:
-            latency = self._open_streams(sd, streams, on_duplex, on_input, on_output, watch.ended)
+            latency = self._open_streams(sd, streams, on_input, on_output, watch.ended)
             for s in streams:
                 s.start()
         except sd.PortAudioError as exc:  # listed, but it will not open: busy, or gone since the query
@@ -419,16 +425,12 @@ class LiveDevice:
         self._latency_s = float(latency())
         return watch, receive, deliver
 
-    def _open_streams(self, sd, streams: list, on_duplex, on_input, on_output, ended) -> Callable[[], float]:
-        """Into `streams` as each opens: one duplex stream when both sides run
-        at one rate, else an input and an output stream. Returns how to read
-        the output latency."""
+    def _open_streams(self, sd, streams: list, on_input, on_output, ended) -> Callable[[], float]:
+        """Into `streams` as each opens: the mic's input stream, then the
+        speaker's output stream (two streams: see the module's docstring).
+        Returns how to read the output latency."""
         common = dict(channels=1, dtype="int16", finished_callback=ended)
         mic, speaker = self._in_use()
-        if self._in_rate == self._out_rate:
-            streams.append(sd.Stream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,
-                                     device=(mic, speaker), callback=on_duplex, **common))
-            return lambda: streams[0].latency[1]
         streams.append(sd.InputStream(samplerate=self._in_rate, blocksize=self._in_rate * self.block_ms // 1000,
                                       device=mic, callback=on_input, **common))
         streams.append(sd.OutputStream(samplerate=self._out_rate, blocksize=self._out_rate * self.block_ms // 1000,

@@ -25,9 +25,9 @@ when the stream stops is what is held then, at most `max_s` of silence,
 never handed on).
 
 Thread-safety: `played` is called from the output callback and `take` from
-the input callback; with one duplex stream both are the same thread, and
-with two streams the state they share is plain counters the GIL keeps whole
-(a stale read only hands a block on sooner or later by one block).
+the input callback, two threads (the mic and the speaker are two streams:
+voice.audio.live); the state they share is plain counters the GIL keeps
+whole (a stale read only hands a block on sooner or later by one block).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class StreamWatch:
     position stands where the sound stopped."""
 
     block_s: float
-    roles: tuple[str, ...]  # "duplex", or "input" and "output": each must keep calling
+    roles: tuple[str, ...]  # "input" and "output" (voice.audio.live): each must keep calling
     lock: threading.Lock = field(default_factory=threading.Lock)
     lost: str | None = None
     closing: bool = False  # we are stopping them: their ending is ours
@@ -127,7 +127,10 @@ class StreamWatch:
                     return f"the {role} stream never called back ({now - self._opened:.1f} s)", self._opened
                 continue
             if now - last > max(STALL_S, STALL_BLOCKS * self.block_s):
-                return f"the {role} stream stopped calling back ({(now - last) * 1000:.0f} ms)", last
+                # the sound is the speaker's: it stopped at the output's last call (a mic that stalls
+                # alone leaves the speaker playing until now)
+                return f"the {role} stream stopped calling back ({(now - last) * 1000:.0f} ms)", \
+                    self._last.get("output", last)
             if self._flagged[role] >= FLAGGED_BLOCKS:
                 # the rule met, not the count by the time the loop looked (one more block may have come):
                 # the same words however busy the machine is
