@@ -188,3 +188,42 @@ async def test_cancel_mid_reply_records_exactly_the_chunks_sent(tmp_path):
         {"role": "user", "content": "go on"},
         {"role": "assistant", "content": "Where was I."},
     ]
+
+
+async def test_a_restarted_agent_tells_a_loaded_thread_again_with_only_what_was_heard(tmp_path):
+    # session/load (voice/service/acp_history.py) after the agent process is gone: the person's words, the
+    # reply's delivered prefix ending in a " [stopped]" chunk marked interrupted, each tool call once with its
+    # final status, in the log's order; nothing of the undelivered rest of a stopped reply.
+    script = ('[[reply]]\nchunk_delay_ms = 5\n[[reply.tool_calls]]\nname = "get_time"\narguments = {}\n'
+              '[[reply]]\nchunk_delay_ms = 5\ntext = "It is time."\n'
+              f'[[reply]]\nchunk_delay_ms = 80\ntext = "{LONG}"\n')
+    async with agent(tmp_path, script) as (conn, wire, db):
+        session = await new_session(conn, tmp_path)
+        assert await prompt(conn, session, "what time is it?") == "end_turn"
+        tool_call_id = wire.updates("tool_call")[0]["toolCallId"]
+        first = len(wire.messages)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(prompt, conn, session, "count to thirty")
+            with anyio.fail_after(BOUND_S):
+                while len(wire.chunks(first)) < 4:
+                    await anyio.sleep(0.005)
+            await conn.cancel(session_id=session)
+        received = "".join(wire.chunks(first, wire.response_index(first)))
+    assert LONG.startswith(received) and received != LONG
+
+    async with agent(tmp_path, '[[reply]]\ntext = "unused"\n') as (conn, wire, db):
+        with anyio.fail_after(BOUND_S):
+            await conn.load_session(cwd=str(tmp_path), session_id=session)
+        told = [m["params"]["update"] for m in wire.messages if m.get("method") == "session/update"]
+    said = [(u["sessionUpdate"], u["content"]["text"]) for u in told if "content" in u and "text" in u["content"]]
+    assert said == [("user_message_chunk", "what time is it?"), ("agent_message_chunk", "It is time."),
+                    ("user_message_chunk", "count to thirty"), ("agent_message_chunk", received),
+                    ("agent_message_chunk", " [stopped]")]
+    stopped = told[-1]
+    assert stopped["_meta"] == {"voice": {"interrupted": True}}
+    calls = [u for u in told if u["sessionUpdate"] == "tool_call"]
+    assert [(c["toolCallId"], c["title"], c["status"]) for c in calls] == [(tool_call_id, "Get time", "completed")]
+    assert "iso" in calls[0]["rawOutput"]
+    # the call is told between the question and the words that followed it
+    kinds = [u["sessionUpdate"] for u in told]
+    assert kinds.index("tool_call") == 1
