@@ -152,7 +152,8 @@ def test_a_cancel_while_permission_is_pending_withdraws_it_and_one_mid_tool_stop
         {"type": "close"}])
     assert result(out, "held") == {"stopReason": "cancelled"}
     assert out["permissionRequests"][0]["outcome"] == {"outcome": "cancelled"}
-    assert result(out, "slow") == {"stopReason": "cancelled"}
+    # (once, under a full suite's load, this came back end_turn within 20 s; the wire and the journal say why)
+    assert result(out, "slow") == {"stopReason": "cancelled"}, describe(out) + "\n" + journal.read_text()
     assert not events(journal, "done")
     assert [e["label"] for e in events(journal, "cancelled")] == ["slow"]  # the server saw the stop
     found = log(tmp_path)
