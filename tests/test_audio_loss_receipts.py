@@ -300,3 +300,45 @@ def test_a_loss_with_an_unknown_key_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"\[\[audio_lost\]\] 1 has unknown key\(s\) \['into_replay'\]; allowed: at "
                                          r"or into_reply, and back_after"):
         load_scenario(scenario)
+
+
+@pytest.mark.slow
+def test_words_the_loss_cut_off_are_dropped_not_joined_to_the_next_request(tmp_path):
+    """A person was mid-request when the microphone went; once it is back they
+    ask again. The fragment before the loss is not part of the new request
+    (benchmarks/device_faults.py heard "What time? What time is it?" in every
+    cycle that killed the server while a request was spoken): it is dropped,
+    written down as speech not for the assistant, and the request is heard
+    alone. From the CLI, Whisper base."""
+    from pathlib import Path
+
+    from voice.audio.wav import read_mono16k, write_wav
+
+    root = Path(__file__).resolve().parents[1]
+    ask = read_mono16k(root / "tests" / "fixtures" / "audio" / "what_time.wav")
+    onset = int(np.argmax(np.abs(ask) > 1000))
+    cut = onset + int(0.45 * 16000)  # "What ti-": the loss comes while the person speaks
+    mic = np.zeros(cut + int(0.3 * 16000) + len(ask) + 2 * 16000, np.int16)
+    mic[:cut] = ask[:cut]
+    again = cut + int(0.3 * 16000)  # asked again 0.3 s after the microphone is back
+    mic[again:again + len(ask)] = ask
+    write_wav(tmp_path / "track.wav", mic, 16000)
+    scenario = tmp_path / "cut.toml"
+    scenario.write_text('timing = "recorded"\n\n[[user]]\naudio = "track.wav"\nat = 0.0\n\n'
+                        f"[[audio_lost]]\nat = {cut / 16000}\nback_after = 1.0\n\n"
+                        '[[reply]]\nchunk_delay_ms = 20\ntext = "It is noon."\n')
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "voice", "replay", str(scenario), "--out", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    turns = json.loads((out / "summary.json").read_text())["turns"]
+    assert [(t["user_text"], t["delivered_text"]) for t in turns] == [("What time is it?", "It is noon.")], turns
+    store = EventStore(out / "events.db", read_only=True)
+    try:
+        speech = [e.body for e in store.events() if e.type == ev.LISTEN_SPEECH]
+        lost, = [e.body for e in store.events() if e.type == ev.AUDIO_LOST]
+    finally:
+        store.close()
+    # the fragment: its own stretch of speech, ended at the loss, not for the assistant; then the request
+    assert [(s.start < lost.mic <= s.end + 640, s.for_assistant) for s in speech] == [(True, False), (False, True)], \
+        (speech, lost)

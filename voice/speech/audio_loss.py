@@ -7,7 +7,9 @@ was handed to it), what was queued is dropped, and the turn ends
 `interrupted` with reason `audio_lost`. It is not the person's stop: no
 `user/stop`, no new turn, and a tool call already dispatched runs to its
 receipt (its effect recorded with its real outcome) before the turn ends;
-the calls after it are not dispatched. A `notice:` line in the transcript
+the calls after it are not dispatched. Words the person was saying are cut
+off at the loss (`ListenProcessor.broke_off`): not a request, and not joined
+to what they say once the mic is back. A `notice:` line in the transcript
 says so (the speaker cannot). With no sound device at start (`at_start`) it
 is the same wait, with nothing to cut.
 
@@ -50,12 +52,13 @@ from voice.speech.voice_surface import VoiceSurface
 class AudioChanges:
     def __init__(self, *, log: SpeechLog, surface: VoiceSurface, agent: AgentLoop,
                  transcript: Callable[[str], None], restart_echo: Callable[[], None],
-                 idle_gap_s: float | None = None):
+                 mic_broke_off: Callable[[], None] = lambda: None, idle_gap_s: float | None = None):
         self._log = log
         self._surface = surface
         self._agent = agent
         self._transcript = transcript
         self._restart_echo = restart_echo
+        self._mic_broke_off = mic_broke_off  # words being said when the mic went are cut off, not joined to the next
         self._idle_gap_s = idle_gap_s  # None: what was kept waits for the speaker however long
 
     def __call__(self, change: AudioChange) -> None:
@@ -76,6 +79,7 @@ class AudioChanges:
             self._transcript(f"notice: waiting for a sound device ({change.reason}); listening as soon as one "
                              "is there")
             return
+        self._mic_broke_off()
         self._surface.lose(change.heard_to)  # before the cancel: the turn records what had been heard
         cut = self._agent.cancel(ev.INTERRUPTED, reason=ev.AUDIO_LOST_REASON, finish_dispatched=True)
         self._transcript(f"notice: the audio device was lost ({change.reason})"
@@ -112,7 +116,9 @@ class AudioChanges:
                 await changed.wait()
 
     def pinned(self, change: PinnedChange) -> None:
-        """A pinned device gone (the defaults in use meanwhile) or back: a new echo path either way."""
+        """A pinned device gone (the defaults in use meanwhile) or back: a new echo path either way, and a
+        new microphone (what was being said is cut off there, as at a loss)."""
+        self._mic_broke_off()
         self._restart_echo()
         self._log.audio_pinned(change)
         if change.present:

@@ -173,6 +173,12 @@ class Listener:
         self.speculated = None
         return let_go
 
+    def broke_off(self) -> None:
+        """The mic's audio broke off here (the sound card was lost and is
+        back): what came before is not continuous with what follows, so it is
+        no pre-roll for the next utterance."""
+        self.preroll.clear()
+
     def advance(self, samples: int) -> None:
         """The block is decided."""
         self.position += samples

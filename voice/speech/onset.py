@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADState
 
 FRAME = 512  # samples: one Silero window at 16 kHz (32 ms)
 LEVEL_FLOOR_DBFS = -50.0  # a frame quieter than this is not an onset, whatever Silero says
@@ -88,6 +89,14 @@ class FrameScoringSilero(SileroVADAnalyzer):
         self._prev_volume = 0.0
         self._windows_since_reset += skipped // FRAME
         self._low_confidence_windows += skipped // FRAME
+
+    def forget_speech(self) -> None:
+        """The audio broke off (a lost sound card): speech it was in the
+        middle of is over, so the next run starts QUIET, as `restart` needs.
+        (pipecat's analyzer keeps these three; nothing else of its state
+        says what it was deciding.)"""
+        self._vad_state = VADState.QUIET
+        self._vad_starting_count = self._vad_stopping_count = 0
 
 
 class OnsetDetector:

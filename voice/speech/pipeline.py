@@ -14,6 +14,7 @@ the replay clock counts it as in flight.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections.abc import Callable
@@ -136,6 +137,19 @@ class ListenProcessor(FrameProcessor):
         self._sound = SoundGate()  # whether the mic carries sound (the VAD and the wake word rest when not)
         self.heard_audio = anyio.Event()  # set at the first mic block: the service is listening
         self.blocks = 0  # mic blocks
+        self._breaks: list[int] = []  # mic positions where the audio broke off (a lost sound card), oldest first
+
+    def broke_off(self, at: int) -> None:
+        """The sound card was lost after the mic's first `at` samples: the
+        block that follows them does not follow on from them. Words that were
+        being said are cut off there; they are not a request of their own, and
+        are not joined to what is said once the mic is back (heard as "What
+        time? What time is it?" before): the utterance ends at the break,
+        written down as speech not for the assistant, and nothing of it or of
+        its pre-roll carries over. Called from outside the pipeline; taken at
+        the first block from `at` on (the blocks before it may still be on
+        their way)."""
+        self._breaks.append(at)
 
     position = property(lambda self: self.listener.position)
     speaking = property(lambda self: self.listener.speaking)
@@ -157,6 +171,9 @@ class ListenProcessor(FrameProcessor):
         n = len(audio) // 2
         end = li.position + n
         self.blocks += 1
+        if self._breaks and li.position >= self._breaks[0]:
+            del self._breaks[:bisect.bisect_right(self._breaks, li.position)]
+            await self._drop_cut_off()
         if self.muted:
             audio = bytes(len(audio))
         sound = self._sound.update(audio, end)
@@ -198,6 +215,21 @@ class ListenProcessor(FrameProcessor):
                 self._speculation.drop_early()
             self.turn_end.abandon()
         li.advance(n)
+
+    async def _drop_cut_off(self) -> None:
+        """At a break (`broke_off`): the utterance going on is over, heard by no one."""
+        li = self.listener
+        li.broke_off()
+        self.activity.broke_off()
+        if not li.speaking:
+            return
+        li.end_utterance()
+        await self.push_frame(UserStoppedSpeakingFrame())
+        self._log(ListenSpeech(start=li.onset, end=max(li.onset, li.voiced_end), decided=li.position,
+                               for_assistant=False), None)
+        if li.end_speculation(dropped=True):
+            self._speculation.drop_early()
+        self.turn_end.abandon()
 
     def _complete_turn(self, samples: int, voiced: bool) -> bool:
         """The end-of-turn hook: speculation at short pauses (only while the

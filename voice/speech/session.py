@@ -126,13 +126,17 @@ class VoiceSession:
         runner = WorkerRunner(handle_sigint=False)
         await runner.add_workers(worker)
 
+        mic_queued = 0  # samples handed to the pipeline: where the listener will be once it has them all
+
         async def on_mic(block: bytes, reference: bytes) -> None:
+            nonlocal mic_queued
             if self.recorder is not None:  # before echo cancellation: the sound as it reached the mic
                 self.recorder.add(block, reference)
             if self.echo is not None:
                 block = self.echo.process(block, reference, busy=self.parts.barge_in.assistant_busy())
                 if not block:
                     return
+            mic_queued += len(block) // 2
             await worker.queue_frame(InputAudioRawFrame(audio=block, sample_rate=MIC_RATE, num_channels=1))
 
         runner_done = anyio.Event()
@@ -168,7 +172,8 @@ class VoiceSession:
             task_status.started()
 
         audio_changes = AudioChanges(log=p.log, surface=p.surface, agent=p.agent, transcript=self.transcript,
-                                     restart_echo=self._restart_echo, idle_gap_s=p.turns.rules.idle_gap_s)
+                                     restart_echo=self._restart_echo, mic_broke_off=lambda: p.listen.broke_off(mic_queued),
+                                     idle_gap_s=p.turns.rules.idle_gap_s)
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_pipeline)
             tg.start_soon(p.turns.run)

@@ -108,6 +108,16 @@ class VoiceActivity:
         self._state = await self.vad.analyze_audio(audio)
         return self._state
 
+    def broke_off(self) -> None:
+        """The mic's audio broke off (a lost sound card, now back): the
+        decision in progress is over, and the VAD starts again at the next
+        block it runs on, QUIET, over what the listener kept since."""
+        self._state = VADState.QUIET
+        if self._gate is not None:
+            self._gate.running = False
+            self.vad.forget_speech()
+            self._onsets.reset()
+
     def first_frames(self, position: int) -> int | None:
         """Where speech began, from its first frames, before the analyzer's
         SPEAKING (voice.speech.onset); None when nothing began (or the
