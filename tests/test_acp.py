@@ -70,7 +70,7 @@ class Wire:
 
 
 @asynccontextmanager
-async def agent(tmp_path: Path, script: str) -> AsyncIterator[tuple[Any, Wire, Path]]:
+async def agent(tmp_path: Path, script: str, client: Any = None) -> AsyncIterator[tuple[Any, Wire, Path]]:
     llm = tmp_path / "llm.toml"
     llm.write_text(script, encoding="utf-8")
     db = tmp_path / "events.db"
@@ -81,7 +81,7 @@ async def agent(tmp_path: Path, script: str) -> AsyncIterator[tuple[Any, Wire, P
     wire = Wire()
     with open(tmp_path / "agent.stderr", "wb") as err:
         async with spawn_agent_process(
-            _Client(), sys.executable, *AGENT, "--db", str(db), "--llm", f"scripted:{llm}",
+            client or _Client(), sys.executable, *AGENT, "--db", str(db), "--llm", f"scripted:{llm}",
             env=env, cwd=REPO, transport_kwargs={"stderr": err}, observers=[wire.observe],
         ) as (conn, proc):
             with anyio.fail_after(BOUND_S):
@@ -227,3 +227,39 @@ async def test_a_restarted_agent_tells_a_loaded_thread_again_with_only_what_was_
     # the call is told between the question and the words that followed it
     kinds = [u["sessionUpdate"] for u in told]
     assert kinds.index("tool_call") == 1
+
+
+class _CancellingClient(_Client):
+    """Answers every permission request `cancelled`, as a client does after
+    its session/cancel: here the answer is all the agent gets (the order in
+    which a notification and a response are handled is the agent's SDK's)."""
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        return acp.RequestPermissionResponse(outcome=acp.schema.DeniedOutcome(outcome="cancelled"))
+
+
+async def test_a_permission_answered_cancelled_ends_the_turn_and_the_model_is_not_asked_again(tmp_path):
+    # ACP: "cancelled" means the prompt turn was cancelled. Seen under a full suite's load: the response was handled
+    # before the session/cancel that preceded it on the wire, the agent took it for "declined", asked the model again
+    # (which used up the next scripted reply, a tool call) and answered end_turn to the next prompt.
+    from mcp_fixtures import chaos_server_command
+
+    journal = tmp_path / "chaos.journal"
+    argv = chaos_server_command(journal)
+    script = ('[[reply]]\nchunk_delay_ms = 5\n[[reply.tool_calls]]\nname = "chaos__unlock_door"\n'
+              'arguments = {door = "front"}\n'
+              '[[reply]]\nchunk_delay_ms = 5\ntext = "The model was asked again."\n')
+    async with agent(tmp_path, script, _CancellingClient()) as (conn, wire, db):
+        with anyio.fail_after(BOUND_S):
+            session = (await conn.new_session(cwd=str(tmp_path), mcp_servers=[acp.schema.McpServerStdio(
+                name="chaos", command=argv[0], args=argv[1:], env=[])])).session_id
+        assert await prompt(conn, session, "unlock the front door") == "cancelled"
+        assert "".join(wire.chunks()) == ""
+    store = EventStore(db)
+    try:
+        answers = [(e.body.decision, e.body.how) for e in store.events(session, types={ev.APPROVAL_ANSWERED})]
+        steps = [e for e in store.events(session, types={ev.STEP_START})]
+    finally:
+        store.close()
+    assert answers == [("withdrawn", "stopped")]
+    assert len(steps) == 1  # the model was not asked again

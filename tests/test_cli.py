@@ -493,3 +493,20 @@ def test_default_db_lives_under_xdg_state_home(env, tmp_path):
     r = voice(env, "history", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": FIRST_TEXT}]
+
+
+def test_a_server_that_listens_and_says_nothing_is_named_busy_not_a_cancelled_scope(env, db, tmp_path, chatted):
+    # Seen in the README recipe test: llama-cpp-python's server, still busy with a reply (it answers nothing else
+    # until that ends), made `voice chat` say "cannot reach ... (CancelledError: Cancelled via cancel scope ...;
+    # reason: deadline exceeded); start the server", of a server that was running.
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)  # accepted by the kernel, never answered
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}/v1"
+        before = _event_rows(db)
+        r = voice(env, "chat", "--db", str(db), "--llm", url, stdin="this line must not be chatted\n")
+    line = assert_one_line_error(r, url, "did not answer within 2 s", "busy with another reply", "try again")
+    assert "Cancel" not in line and "start the server" not in line, line
+    assert history(env, db) == chatted and _event_rows(db) == before

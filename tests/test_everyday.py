@@ -444,7 +444,24 @@ def _doctor_while_the_server_streams(env, url: str) -> str:
         stop.set()
         busy.join(120)
     assert still_busy, "the reply ended before doctor asked: the server was not busy"
+    _wait_until_free(url)
     return llm
+
+
+def _wait_until_free(url: str, bound_s: float = 180.0) -> None:
+    """The abandoned reply may go on after its reader left (llama-cpp-python with
+    --interrupt_requests False runs it out): the README's next steps assume a
+    server that answers, as a person's does, so this waits until it lists its
+    models within 2 s again (once, under a full suite's load, `chat` came
+    within that tail and could not reach it)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as r:
+                r.read()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"the server at {url} stayed busy {bound_s:g} s after the reply's reader left"
 
 
 def _the_readme_doctor_line_says_ok(env, doctor_line: str, port: int, prose: str) -> None:

@@ -18,7 +18,9 @@ What an editor gets (ACP v1):
   or before the next reply).
 - Calls that ask first (a destructive write, by `approve = "destructive"`)
   ask through `session/request_permission`; tool calls go pending,
-  in_progress, then completed or failed (voice.surfaces.acp).
+  in_progress, then completed or failed (voice.surfaces.acp). A permission
+  answered `cancelled` stops the turn like `session/cancel` (whichever of the
+  two is handled first).
 - `promptCapabilities.embeddedContext`: embedded text resources keep their
   URI; a `resource_link` to a file is read through the client's
   `fs/read_text_file` when it offers it, cut to a share of the context
@@ -230,6 +232,7 @@ class VoiceAcpAgent:
                                                                                   self.app.mcp.servers})
         servers = mcp_servers(specs, self.app.store, self.app.tool_env.command_env)
         session = _Session(surface, self.app.agent(surface, conversation), servers, pending=self.unrouted + refused)
+        surface.cancel_turn = session.agent.cancel
         self.unrouted = []
         if servers.servers:
             session.scope = await self.tg.start(run_session_servers, servers)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -53,6 +54,7 @@ class AcpSurface(ShowsText):
     session_id: str
     show_reasoning: bool = True
     tracks_playback: bool = False
+    cancel_turn: Callable[[], object] = lambda: None  # the session's: stops its running turn, as session/cancel does
     _units: dict[UnitRef, ShownUnit] = field(default_factory=dict)
     _broke_off: bool = False  # a unit with text sent was discarded: the next text says so first
     _in_flight: int = 0
@@ -174,6 +176,11 @@ class AcpSurface(ShowsText):
                 if outcome.option_id == option:
                     return Answer(decision, "acp", option, always)
             return Answer(DENIED, "acp", f"unknown option {outcome.option_id!r}")
+        # "cancelled": the client cancelled the prompt turn (ACP: it sends session/cancel, then answers what
+        # it had pending so). Its notification may be handled after this response, so the turn is stopped
+        # here: the question is withdrawn as stopped, and the model is not asked again as if it was declined.
+        self.cancel_turn()
+        await anyio.sleep(0)  # the turn's cancel is taken here
         return Answer(WITHDRAWN, "acp", "cancelled")
 
 

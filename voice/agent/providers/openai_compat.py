@@ -149,6 +149,13 @@ class OpenAICompatibleProvider:
         """Raise ProviderError when nothing answers at base_url; any HTTP answer is fine."""
         try:
             await self._client.models.list(timeout=_REACHABLE_TIMEOUT_S)
+        except openai.APITimeoutError as e:  # something listens there and says nothing: most often a busy server
+            raise ProviderError(
+                f"the language model at {self.base_url} did not answer within {_REACHABLE_TIMEOUT_S:g} s (busy with "
+                "another reply? a llama.cpp server answers nothing else until that reply ends); wait for it and "
+                "try again, or pass --llm scripted:FILE",
+                retryable=True,
+            ) from e
         except (openai.APIConnectionError, *_TRANSPORT_ERRORS) as e:
             raise ProviderError(
                 f"cannot reach the language model at {self.base_url} ({_describe(e)}); "
