@@ -9,6 +9,8 @@ against a loopback OpenAI-compatible server that records every request.
   moves; it moves by a large step (at most every few turns), and the server
   was sent the moved prefix (one token asked) before the turn that uses it.
 - A turn typed while a summary request is still unanswered goes on at once.
+- As `voice chat` starts, the first turn's prefix is warmed before a line
+  is typed (issue #38).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class RecordingLLM(LoopbackLLM):
     def reply(self, messages: list[dict[str, Any]]) -> list[bytes]:
         body = next(b for b in reversed(self.requests) if b["messages"] is messages)  # (requests may overlap)
         kind = ("summary" if str(messages[0].get("content", "")).startswith("Summarise")
-                else "warm" if messages[-1]["role"] == "assistant" else "turn")
+                else "warm" if body.get("max_tokens") == 1 else "turn")
         with self._lock:
             self.heard.append((time.monotonic(), kind, messages, body.get("tools") or []))
         if kind == "summary" and self.hold_summaries:
@@ -169,3 +171,45 @@ def test_a_turn_typed_while_a_summary_is_pending_does_not_wait_for_it(tmp_path):
             server.release.set()
         finish(chat)
     assert answered_while_held
+
+
+def test_the_first_turn_s_prefix_is_warmed_as_chat_starts(tmp_path):
+    """#38: as `voice chat` starts, before a line is typed, the server is
+    sent the prefix the first turn's request will begin with (the system
+    prompt and the tool schemas), for one token: the first answer does not
+    wait for the server to evaluate them (508 tokens with SmolLM2 and the
+    built-in tools, a second of llama-server on 2 cores, measured:
+    benchmarks/RESULTS.md). `voice run` does the same (voice.speech.turns)."""
+    with RecordingLLM() as server:
+        chat = start_chat(tmp_path, server)
+        wait_for(lambda: server.of("warm"), "the request that warms the first turn's prefix")
+        say(chat, server, 0)
+        pause(server)
+        finish(chat)
+    [warm], [turn] = server.of("warm"), server.of("turn")
+    assert warm[0] < turn[0]
+    assert warm[2][0] == turn[2][0] and warm[2][0]["role"] == "system", "the same system prompt first"
+    assert warm[3] == turn[3] and turn[3], "the same tool schemas, in the same order"
+
+
+@pytest.mark.slow  # (Whisper, Piper and Silero load for the replay)
+def test_the_first_turn_s_prefix_is_warmed_as_the_voice_service_starts(tmp_path):
+    """#38, the spoken path: `voice replay` (the pipeline `voice run` runs)
+    with a request 2 s in: before it, as the session starts, the server is
+    sent the first turn's prefix for one token."""
+    audio = Path(__file__).resolve().parent / "fixtures" / "audio" / "what_time.wav"
+    with RecordingLLM() as server:
+        scenario = tmp_path / "scenario.toml"
+        scenario.write_text(f'max_duration = 20\n\n[[user]]\naudio = "{audio}"\nat = 2.0\n')
+        config = tmp_path / "voice.toml"
+        config.write_text(f'[llm]\nprovider = "openai"\nbase_url = "{server.base_url}"\nmodel = "m"\n')
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "xdg-config")}
+        proc = subprocess.run([sys.executable, "-m", "voice", "replay", str(scenario), "--out", str(tmp_path / "out"),
+                               "--config", str(config), "--stt-model", "tiny.en"], env=env, capture_output=True,
+                              text=True, timeout=150)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    warms, turns = server.of("warm"), server.of("turn")
+    assert warms and turns, [h[1] for h in server.heard]
+    assert warms[0][0] < turns[0][0], "warmed before the first turn's request"
+    assert warms[0][2][0] == turns[0][2][0] and warms[0][2][0]["role"] == "system", "the same system prompt first"
+    assert warms[0][3] == turns[0][3] and turns[0][3], "the same tool schemas, in the same order"

@@ -234,6 +234,16 @@ class AgentLoop:
                                self.settings.count_tokens, lambda window: self._request(window, schemas),
                                self.settings.warm_cache)
 
+    async def warm_at_start(self, fresh: bool) -> None:
+        """As the service starts, before any request: the first request's
+        prefix warmed in the server's cache (voice.agent.moving_window's
+        `warm_first`); `fresh`: that request opens a new conversation. The
+        first request (or early start) cancels it, as it cancels idle work."""
+        schemas = self.tools.schemas()
+        await self.window.warm_first(self.store, self.provider, self.conversation, self._history_budget(schemas),
+                                     self.settings.count_tokens, lambda window: self._request(window, schemas),
+                                     self.settings.warm_cache, fresh)
+
     def _request(self, window: Window, schemas: list[dict[str, Any]]) -> ModelRequest:
         return ModelRequest(messages=provider_messages(window.messages, self.settings.system_prompt),
                             tools=schemas, tool_results=window.tool_results)

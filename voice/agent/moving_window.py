@@ -15,8 +15,9 @@ Nothing of this waits on the model inside a turn:
   when the next turn would likely not fit (its newest turns' largest cost);
 - in idle time (`tend`) the turns that left are summarised and the new
   prefix is sent once for a one-token reply, so the server holds it
-  evaluated; a turn that starts meanwhile cancels that work (`cancel`) and
-  goes on with what there is: without the new summary, older turns fall out;
+  evaluated (and once as the service starts, `warm_first`); a turn that
+  starts meanwhile cancels that work (`cancel`) and goes on with what there
+  is: without the new summary, older turns fall out;
 - a turn whose words still overflow the window moves it itself, at once.
 """
 
@@ -133,6 +134,29 @@ class MovingWindow:
                 if self._scope is scope:
                     self._scope = None
 
+
+    async def warm_first(self, store: EventStore, provider: Provider, conversation: str, budget: int,
+                         count: TokenCounter, request_for: Callable[[Window], ModelRequest], warm_cache: bool,
+                         fresh: bool) -> None:
+        """Once, as the service starts: the prefix the first request will
+        begin with, warmed (`tend` does it after each turn), so the server
+        does not evaluate the system prompt, the tool schemas and the history
+        while the person waits for the first answer. `fresh`: that request
+        opens a new conversation (the idle gap has passed): no history.
+        Bounded; cancellable (`cancel`) like `tend`."""
+        if not warm_cache or not warms(provider):
+            return
+        with anyio.CancelScope() as scope, anyio.move_on_after(IDLE_BOUND_S):
+            self._scope = scope
+            try:
+                window = Window() if fresh else self.window(store, conversation, budget, count)[0]
+                if not window.messages:  # (some chat templates refuse a prompt without a user message; the
+                    # prefix the server keeps is what comes before it: the system prompt and the tool schemas)
+                    window = Window(messages=[{"role": "user", "content": ""}])
+                await warm(store, provider, conversation, None, request_for(window))
+            finally:
+                if self._scope is scope:
+                    self._scope = None
 
     def _current(self, generation: int, conversation: str) -> bool:
         """No turn began, and the agent is in the same conversation, since idle work `generation` began."""

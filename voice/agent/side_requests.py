@@ -9,7 +9,11 @@ Warming the prompt cache: after the window moved (or took a new summary),
 the next turn's request begins with a prefix the server has never seen,
 and it would evaluate all of it while the person waits. One request with
 that prefix and a one-token reply, sent while the person is silent, has
-the server evaluate it then:
+the server evaluate it then. The same once when the service starts
+(voice.agent.moving_window's `warm_first`): the system prompt and the tool
+schemas alone are some 500 tokens (SmolLM2's tokens, the built-in tools),
+about a second of a 2-core CPU, which the first request would otherwise wait
+for:
 
 - llama.cpp (llama-server; llama-cpp-python's server) keeps the KV cache of
   the prompt it evaluated last and reuses its longest common prefix with
@@ -64,12 +68,16 @@ async def ask(store: EventStore, provider: Provider, place: Place, request: Mode
     return "".join(text)
 
 
-async def warm(store: EventStore, provider: Provider, conversation: str, turn: int, request: ModelRequest) -> bool:
+async def warm(store: EventStore, provider: Provider, conversation: str, turn: int | None,
+               request: ModelRequest) -> bool:
     """Send `request` (the next turn's prefix) for one token, so the server
     holds it evaluated; recorded as an `assistant/attempt` with reason
-    `warm` (its token is no reply: never history). True when it was answered."""
-    place = Place(conversation, turn, WARM_STEP, 0)
-    if await ask(store, provider, place, replace(request, max_tokens=1), f"warm_{turn}") is None:
+    `warm` (its token is no reply: never history), filed under `turn`, the
+    turn it followed (None: the service has just started, no turn yet).
+    True when it was answered."""
+    place = Place(conversation, turn, WARM_STEP, 0) if turn is not None else Place(conversation)
+    message_id = f"warm_{turn}" if turn is not None else "warm_start"
+    if await ask(store, provider, place, replace(request, max_tokens=1), message_id) is None:
         return False
-    rows.attempt(store, place, "warm", message_id=f"warm_{turn}", content=[], route=route_of(provider))
+    rows.attempt(store, place, "warm", message_id=message_id, content=[], route=route_of(provider))
     return True

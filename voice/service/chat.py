@@ -92,9 +92,13 @@ async def run_chat(agent: AgentLoop, stdin: TextIO = sys.stdin, out: TextIO = sy
 
         tg.start_soon(partial(cancel_on_signal, tg.cancel_scope, signal.SIGINT, on_signal=ctrl_c))
         expire_s = idle_gap_s if idle_gap_s is not None else 900.0
+        resumed = False
         for _, asked in unanswered(agent.store, agent.conversation, expire_s=expire_s):  # a crash left them
             result = await agent.run_turn("", source="text", asked_again=asked)
             tg.start_soon(agent.use_idle_time, result.turn)
+            resumed = True
+        if not resumed:  # while the first line is typed, the server evaluates the prefix it will begin with
+            tg.start_soon(agent.warm_at_start, conversations.idle_s() is not None)
         while True:
             if interactive:
                 out.write("you> ")

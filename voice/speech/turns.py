@@ -183,6 +183,8 @@ class TurnRunner:
         async with self._receive, anyio.create_task_group() as early_tasks:
             self._early_tasks = early_tasks
             try:
+                if not self.waiting and not self._closed:  # (a request already queued cancels nothing: none runs yet)
+                    await self.agent.warm_at_start(fresh=self.conversations.idle_s() is not None)
                 async for request in self._receive:
                     try:
                         if not self._closed:  # once closed, what is still queued never starts
