@@ -79,10 +79,10 @@ def _llm_v2v_servers(d: dict) -> tuple[str, str]:
 
 
 def _llm_v2v_idle(d: dict) -> tuple[str, str]:
-    a, w = d["groups"]["all"]["v2v_ms"], d["waterfall"]
-    return (f"{_ms(a['p50'])} p50, {a['p95']:,.0f} p95 (load {d['load_avg_at_start'][0]:.1f}-{d['load_avg_at_end'][0]:.1f})",
-            f"commit {w['commit']['p50']:,.0f}, first token {w['first_token']['p50']:,.0f}, audio ready "
-            f"{w['audio_ready']['p50']:,.0f} ms p50 after the end of speech")
+    ls, py = d["llama_server"], d["python"]
+    a, b = ls["groups"]["all"]["v2v_ms"], py["groups"]["all"]["v2v_ms"]
+    return (f"{_ms(a['p50'])} p50, {a['p95']:,.0f} p95 (load {ls['load_avg_at_start'][0]:.1f}-{ls['load_avg_at_end'][0]:.1f})",
+            f"llama-cpp-python right after: {b['p50']:,.0f} / {b['p95']:,.0f}")
 
 
 def _long(d: dict) -> tuple[str, str]:
@@ -135,8 +135,10 @@ ROWS = [
     Row("voice to voice, SmolLM2-135M on llama-server with tools (`--jinja`), tiny.en",
         "benchmarks/llm_v2v.py --stt-model tiny.en --server llama-server", "results-llm-v2v-*-waterfall.json",
         _llm_v2v_servers),
-    Row("the same on llama-server, idle machine", "benchmarks/llm_v2v.py --stt-model tiny.en --server llama-server",
-        "results-llm-v2v-llama-server-idle.json", _llm_v2v_idle),
+    Row("the same on llama-server, idle machine", "benchmarks/llm_v2v.py --stt-model tiny.en [--server llama-server]",
+        "results-llm-v2v-*-idle.json", _llm_v2v_idle),
+    Row("200 typed turns past the budget, llama-server with tools, idle",
+        "benchmarks/llm_v2v.py --turns 200 --server llama-server", "results-llm-long-llama-server-idle.json", _long),
     Row("words wrong in the recorded reply vs what was heard (mean)", "benchmarks/run.py", "results-full.json",
         lambda d: (f"{d['prefix_error_words_mean']:.1f}", f"stock pipecat: {d['peer_prefix_error_words_mean']:.1f}")),
     Row("every task and process of a stopped turn gone (p95)", "benchmarks/run.py", "results-full.json",
@@ -168,6 +170,9 @@ ROWS = [
 def _load(name: str) -> Any:
     if name == "results-llm-v2v-tiny*.json":  # two runs back to back, one window: the server's priority
         return {"nice0": _load("results-llm-v2v-tiny.json"), "nice5": _load("results-llm-v2v-tiny-nice5.json")}
+    if name == "results-llm-v2v-*-idle.json":  # the two servers back to back, idle
+        return {"llama_server": _load("results-llm-v2v-llama-server-idle.json"),
+                "python": _load("results-llm-v2v-python-idle.json")}
     if name == "results-llm-v2v-*-waterfall.json":  # the two servers back to back, one window
         return {"llama_server": _load("results-llm-v2v-llama-server-waterfall.json"),
                 "python": _load("results-llm-v2v-python-waterfall.json")}
