@@ -241,6 +241,9 @@ class FakeStream:
             self.wedge_waits = True
             self.sd.unwedge.wait(30)
 
+    def abort(self) -> None:
+        self.stop()  # (PortAudio's abort cancels the callback thread; it waits for it as a stop does)
+
     def close(self) -> None:
         assert self.stopped, "closed before stopped"
         self.closed = True

@@ -20,6 +20,7 @@ Its own module: the audio server it kills is the module's.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -257,3 +258,76 @@ def test_an_audio_server_stopped_for_5_s_and_continued_is_heard_again(audio: Aud
     assert len([e for e in events if e.type == ev.TURN_START]) == 1, log
     print(f"audio server stopped 5 s: the loss known {known_after:.2f} s after the stop, audio back "
           f"{back_after:.2f} s after it went on")
+
+
+LOSSES = 3  # mid-reply kills in a row: PortAudio 19.6 left a stuck stream after 6 of 9 such losses
+
+
+def threads_and_fds(pid: int) -> tuple[list[int], int]:
+    """The native ids of a process's threads, and how many files it has open."""
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")], len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def idle_priority_threads(pid: int, tids: list[int]) -> list[int]:
+    found = []
+    for tid in tids:
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                found.append(tid)
+        except OSError:  # it has ended meanwhile
+            pass
+    return found
+
+
+def test_losses_mid_reply_leave_no_thread_or_file_behind(audio: AudioServer, tmp_path):
+    """#36: the audio server killed in the middle of a reply, three times,
+    under one `voice run`: each time PortAudio 19.6 may leave the dead
+    stream's thread looping (PortAudio #1037). Once the service hears again,
+    its threads and open files are as many as before the losses (each stuck
+    stream kept 6 threads and some 35 files, its thread spinning at idle
+    priority, until the service was restarted)."""
+    script = tmp_path / "replies.toml"
+    script.write_text(f'[[reply]]\nchunk_delay_ms = 40\ntext = "{FIRST}"\n\n' * (LOSSES + 2))
+    daemon = LiveDaemon(tmp_path / "daemon", audio, script)
+    pid = daemon.proc.pid
+    speaker = audio.record("speaker.monitor")
+    try:
+        daemon.wait_listening()
+        time.sleep(0.3)
+        audio.play(AUDIO / "what_time.wav")
+        daemon.wait(lambda: first_loud(speaker.samples()) is not None, 40, "the first answer on the speaker")
+        daemon.wait(lambda: len(daemon.replies()) == 1, 40, "the first answer")
+        time.sleep(1.0)
+        before = threads_and_fds(pid)
+        for n in range(1, LOSSES + 1):
+            start = speaker.index_at(time.monotonic())
+            audio.play(AUDIO / "three_points.wav")
+            daemon.wait(lambda: first_loud(speaker.samples(), start) is not None, 40, f"reply {n} on the speaker")
+            time.sleep(1.0)
+            audio.kill_server()
+            speaker.stop()
+            time.sleep(1.0)
+            audio.restart_server()
+            speaker = audio.record("speaker.monitor")
+            daemon.wait(lambda: sum("audio is back" in line for line in daemon.out) == n, BACK_WITHIN_S,
+                        f"the service to hear again after loss {n}")
+            # (the reopened streams may open before the server has its default devices: it moves them there)
+            daemon.wait(lambda: "mic" in audio.connections()[1], 10, f"the reopened mic on `mic` after loss {n}")
+            time.sleep(0.5)
+        answers = len(daemon.replies())
+        audio.play(AUDIO / "what_time.wav")
+        daemon.wait(lambda: len(daemon.replies()) > answers, 40, "the answer after the last loss")
+        time.sleep(2.0)
+        after = threads_and_fds(pid)
+        idle = idle_priority_threads(pid, after[0])
+    finally:
+        speaker.stop()
+        rc = daemon.stop()
+    log = daemon.log()
+    print(f"{LOSSES} losses mid-reply: threads {len(before[0])} -> {len(after[0])}, open files {before[1]} -> {after[1]}; "
+          f"{sum('stuck PortAudio threads' in line for line in daemon.err)} losses with stuck threads cancelled")
+    assert rc == 0, log
+    assert len(after[0]) <= len(before[0]) + 2, f"threads: {len(before[0])} before the losses, {len(after[0])} after"
+    assert after[1] <= before[1] + 6, f"open files: {before[1]} before the losses, {after[1]} after"
+    assert not idle, f"threads left at idle priority (a stuck stream's): {idle}"
+    assert not any("cannot be closed" in line for line in daemon.err), log

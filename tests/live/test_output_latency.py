@@ -47,6 +47,8 @@ def fake_sounddevice(dac_delay: float, static: float = 0.04):
         def stop(self):
             self.halt.set()
 
+        abort = stop  # (the device aborts a stream it closes: PortAudio cancels its thread)
+
         def close(self):
             pass
 

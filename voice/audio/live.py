@@ -218,9 +218,15 @@ class LiveDevice:
                 if watch is not None:
                     watch.closing = True
                 with anyio.CancelScope(shield=True):
-                    closed = await close_streams(streams, self._wedged)
+                    closed = await close_streams(streams, self._wedged, watch)
+                if closed and watch is not None and watch.cancelled:
+                    held = f"; {watch.locks_released} lock(s) they held let go" if watch.locks_released else ""
+                    print(f"voice: the lost audio streams' stuck PortAudio threads were cancelled ({watch.cancelled}"
+                          f"{held}), and the streams closed (a PortAudio 19.6 bug, PortAudio #1037)",
+                          file=sys.stderr, flush=True)
                 if not closed:
-                    forget_wedged(sd, streams, watch.threads if watch is not None else set())
+                    threads = [native for native, _ in watch.threads.values()] if watch is not None else []
+                    forget_wedged(sd, streams, threads)
                     print("voice: warning: the lost audio stream cannot be closed (a PortAudio 19.6 bug, "
                           "PortAudio #1037): its thread is left at idle priority and PortAudio's messages are "
                           "silenced; restart the service to free it", file=sys.stderr, flush=True)
@@ -411,8 +417,17 @@ class LiveDevice:
                         reference = ref_resampler.resample_chunk(reference)
                 await on_mic(block.tobytes(), reference.tobytes())
 
+        def returning(role: str, callback):
+            def wrapped(*args) -> None:
+                try:
+                    callback(*args)
+                finally:
+                    watch.returned(role)  # (one stuck in PortAudio once it has returned may be cancelled)
+            return wrapped
+
         try:
-            latency = self._open_streams(sd, streams, on_input, on_output, watch.ended)
+            latency = self._open_streams(sd, streams, returning("input", on_input), returning("output", on_output),
+                                         watch.ended)
             for s in streams:
                 s.start()
         except sd.PortAudioError as exc:  # listed, but it will not open: busy, or gone since the query
