@@ -173,8 +173,10 @@ def test_the_audio_server_dies_mid_reply_and_comes_back(audio: AudioServer, tmp_
 def test_started_before_the_audio_server_it_waits_and_listens_once_the_server_comes(audio: AudioServer, tmp_path):
     """#36.5: `voice run` started before the audio server (systemd at login,
     a socket-activated PipeWire) waits for it, says so once, keeps its
-    control socket answering, and listens within 2 s of the server's
-    arrival (5 s later here); the first request is then answered."""
+    control socket answering, answers a request typed meanwhile in writing
+    at once (`ctl say` waited for ever), and listens within 2 s of the
+    server's arrival (5 s later here); the first spoken request is then
+    answered."""
     audio.kill_server()
     daemon = None
     try:
@@ -188,6 +190,12 @@ def test_started_before_the_audio_server_it_waits_and_listens_once_the_server_co
         assert re.search(r"^audio: waiting for a sound device for \d+ s, retrying \(.+\)$", status.stdout,
                          re.M), status.stdout
         assert not any(line.startswith("listening") for line in daemon.err), daemon.log()
+        # A request typed meanwhile is answered in writing at once (it waited for a speaker that was never there).
+        typed = subprocess.run([sys.executable, "-m", "voice", "ctl", "say", "what time is it"], cwd=ROOT,
+                               env=daemon.env, capture_output=True, text=True, timeout=30)
+        assert typed.returncode == 0 and typed.stdout.startswith("assistant (not said aloud): "), \
+            (typed.stdout, typed.stderr)
+        answers = len(daemon.replies())
         time.sleep(max(0.0, waiting_seen + 5.0 - time.monotonic()))
         audio.restart_server()
         back_at = time.monotonic()
@@ -197,7 +205,7 @@ def test_started_before_the_audio_server_it_waits_and_listens_once_the_server_co
         speaker = audio.record("speaker.monitor")
         time.sleep(0.3)
         audio.play(AUDIO / "three_points.wav")
-        daemon.wait(lambda: daemon.replies(), 40, "the answer to the first request")
+        daemon.wait(lambda: len(daemon.replies()) > answers, 40, "the answer to the first spoken request")
         daemon.wait(lambda: first_loud(speaker.samples()) is not None, 30, "the answer on the speaker")
         speaker.stop()
     finally:

@@ -82,7 +82,7 @@ def check_audio(config: Settings, service: dict | None = None) -> list[Check]:
             return [Check("microphone and speaker", WARN, f"no sound device now (PortAudio finds none); {waiting}",
                           NO_DEVICE_FIX)]
         return [Check("microphone and speaker", FAIL, "no sound device: PortAudio finds none (no audio server answers, and no sound "
-                      "card is there)", NO_DEVICE_FIX)]
+                      "card is there; `voice run` starts anyway, and waits for one)", NO_DEVICE_FIX)]
     out = []
     for kind, key in (("input", "microphone"), ("output", "speaker")):
         if not any(d[f"max_{kind}_channels"] > 0 for d in listed):
@@ -428,5 +428,6 @@ def run_doctor(config_path: str | None, llm: str | None = None, load_models: boo
     for check in checks:
         print(check.line(), flush=True)
     fatal = [c for c in checks if c.status == FAIL]
-    print(f"{len(fatal)} problem(s) would stop `voice run`" if fatal else "ready for `voice run`")
+    # (not "would stop it": without a sound device `voice run` starts and waits for one, deaf until then)
+    print(f"{len(fatal)} problem(s) to fix before `voice run` can hear and answer" if fatal else "ready for `voice run`")
     return 1 if fatal else 0

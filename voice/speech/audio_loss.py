@@ -11,7 +11,8 @@ the calls after it are not dispatched. Words the person was saying are cut
 off at the loss (`ListenProcessor.broke_off`): not a request, and not joined
 to what they say once the mic is back. A `notice:` line in the transcript
 says so (the speaker cannot). With no sound device at start (`at_start`) it
-is the same wait, with nothing to cut.
+is the same wait, with nothing to cut: a request typed meanwhile (`voice ctl
+say`) is answered in writing, as after a loss.
 
 What the assistant would have said meanwhile of its own (the phrase that
 announces the tool's outcome, a timer) the voice surface keeps
@@ -75,7 +76,8 @@ class AudioChanges:
 
     def lost(self, change: AudioLost) -> None:
         self._log.audio_lost(change, self._agent.current_turn)
-        if change.at_start:  # nothing was playing: only say that it waits
+        if change.at_start:  # nothing was playing: say that it waits; what is asked meanwhile is answered in writing
+            self._surface.lose(change.heard_to)
             self._transcript(f"notice: waiting for a sound device ({change.reason}); listening as soon as one "
                              "is there")
             return
