@@ -327,21 +327,40 @@ async def test_disconnect_mid_stream(how: str) -> None:
     assert "broke off" in str(err)
 
 
-async def test_done_without_finish_reason_is_an_aborted_finish() -> None:
+async def failed_stream(chunks: list[dict[str, Any]], match: str) -> tuple[list[Any], ProviderError]:
+    """Stream `chunks` then [DONE]; the deltas that came before the
+    ProviderError (matching `match`) the provider raised, and the error."""
     async def handler(conn: Conn) -> None:
         await conn.start_sse()
-        await conn.send(chunk({"role": "assistant", "content": "Half an ans"}))
+        for c in chunks:
+            await conn.send(c)
         await conn.done()
 
     out: list[Any] = []
     async with FakeServer(handler) as server:
         provider = OpenAICompatibleProvider(server.base_url, MODEL, timeout_s=5)
-        with pytest.raises(ProviderError, match="without a finish reason") as caught:
+        with pytest.raises(ProviderError, match=match) as caught:
             await collect(provider, ModelRequest(messages=MESSAGES), out)
         await provider.aclose()
+    return out, caught.value
 
+
+async def test_done_without_finish_reason_is_an_aborted_finish() -> None:
+    out, error = await failed_stream([chunk({"role": "assistant", "content": "Half an ans"})],
+                                     "without a finish reason")
     assert out == [TextDelta("Half an ans")]
-    assert caught.value.retryable is True
+    assert error.retryable is True
+
+
+@pytest.mark.parametrize("odd", [
+    {**chunk({}), "choices": "zz"},  # (a hostile tester's server; each crashed `voice chat` with a traceback)
+    {**chunk({}), "choices": [None]},
+    chunk({"role": "assistant", "content": 5}),
+], ids=["choices-a-string", "choice-null", "content-a-number"])
+async def test_a_chunk_that_is_not_a_chat_completion_chunk_is_a_clear_error(odd: dict[str, Any]) -> None:
+    out, error = await failed_stream([odd, chunk({}, "stop")], "not a chat-completion chunk")
+    assert out == [] and error.retryable is False
+    assert "OpenAI's streaming format" in str(error)
 
 
 REFUSAL = {"error": {"message": "This model's maximum context length is 1024 tokens. However, you requested 4304 "

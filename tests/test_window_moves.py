@@ -16,6 +16,8 @@ against a loopback OpenAI-compatible server that records every request.
 from __future__ import annotations
 
 import os
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -41,8 +43,19 @@ class RecordingLLM(LoopbackLLM):
     summary, a cache warming: one token asked), each with when it came; a
     summary request can be held unanswered until `release` is set."""
 
-    def __init__(self, hold_summaries: bool = False):
+    def __init__(self, hold_summaries: bool = False, hold_warms: bool = False):
         super().__init__()
+        self.hold_warms = hold_warms  # a warming request is answered only once its client has gone, or after WAIT_S
+        self.warms_dropped: list[float] = []  # when a held warming request's client closed its connection
+        self._connection = threading.local()
+        handler = self._http.RequestHandlerClass
+        post, recording = handler.do_POST, self
+
+        def do_post(handler_self) -> None:
+            recording._connection.socket = handler_self.connection
+            post(handler_self)
+
+        handler.do_POST = do_post
         self.heard: list[tuple[float, str, list[dict[str, Any]], list[Any]]] = []
         self.hold_summaries = hold_summaries
         self.release = threading.Event()
@@ -61,9 +74,20 @@ class RecordingLLM(LoopbackLLM):
             self.summary_held.set()
             self.release.wait(2 * WAIT_S)  # (longer than a turn is waited for: before the fix, the turn timed out)
             self.holding = False
+        if kind == "warm" and self.hold_warms:
+            self._wait_for_the_client_to_leave()
         if kind == "warm":
             return [_chunk({"role": "assistant", "content": "Ok"}), _chunk({}, "length")]
         return super().reply(messages)
+
+    def _wait_for_the_client_to_leave(self) -> None:
+        conn = self._connection.socket
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            if select.select([conn], [], [], 0.02)[0] and not conn.recv(1, socket.MSG_PEEK):
+                with self._lock:
+                    self.warms_dropped.append(time.monotonic())
+                return
 
     def of(self, kind: str) -> list[tuple[float, str, list[dict[str, Any]], list[Any]]]:
         with self._lock:
@@ -82,14 +106,14 @@ def wait_for(condition, what: str, timeout: float = WAIT_S) -> None:
         time.sleep(0.02)
 
 
-def start_chat(tmp: Path, server: RecordingLLM) -> subprocess.Popen:
+def start_chat(tmp: Path, server: RecordingLLM, *args: str) -> subprocess.Popen:
     config = tmp / "voice.toml"
     config.write_text("[llm]\ncontext_tokens = 1024\nreply_tokens = 128\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_RUNTIME_DIR": str(tmp / "run"),
            "XDG_CONFIG_HOME": str(tmp / "config"), "XDG_STATE_HOME": str(tmp / "state"),
            "XDG_DATA_HOME": str(tmp / "data")}
     return subprocess.Popen([sys.executable, "-m", "voice", "chat", "--db", str(tmp / "events.db"), "--config",
-                             str(config), "--llm", server.base_url], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             str(config), "--llm", server.base_url, *args], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=env, text=True)
 
 
@@ -213,3 +237,56 @@ def test_the_first_turn_s_prefix_is_warmed_as_the_voice_service_starts(tmp_path)
     assert warms[0][0] < turns[0][0], "warmed before the first turn's request"
     assert warms[0][2][0] == turns[0][2][0] and warms[0][2][0]["role"] == "system", "the same system prompt first"
     assert warms[0][3] == turns[0][3] and turns[0][3], "the same tool schemas, in the same order"
+
+
+
+def test_a_chat_opened_and_left_at_once_does_not_change_which_conversation_comes_next(tmp_path):
+    """A hostile tester's finding: the warming request of a chat opened on
+    an old conversation (`--conversation`) and left before a line was typed
+    was recorded in it, which made it the latest: the next `voice chat`
+    went on with it, not with the conversation the person had been in."""
+    import json
+
+    with RecordingLLM() as server:
+        for args, line in (((), "chat: apples"), (("--new",), "chat: bananas")):
+            chat = start_chat(tmp_path, server, *args)
+            chat.stdin.write(line + "\n")
+            chat.stdin.flush()
+            wait_for(lambda: any(h[2][-1].get("content") == line for h in server.of("turn")), line)
+            pause(server)
+            finish(chat)
+        listed = subprocess.run([sys.executable, "-m", "voice", "history", "--db", str(tmp_path / "events.db"),
+                                 "--list", "--json"], capture_output=True, text=True, timeout=60)
+        first = json.loads(listed.stdout)[0]["conversation"]
+        warms = len(server.of("warm"))
+        chat = start_chat(tmp_path, server, "--conversation", first)  # opened on the old one, and left at once
+        wait_for(lambda: len(server.of("warm")) > warms, "the old conversation's warming request")
+        finish(chat)
+        chat = start_chat(tmp_path, server)
+        chat.stdin.write("chat: which fruit\n")
+        chat.stdin.flush()
+        wait_for(lambda: any(h[2][-1].get("content") == "chat: which fruit" for h in server.of("turn")), "the turn")
+        pause(server)
+        finish(chat)
+    said = [m.get("content") for m in server.of("turn")[-1][2] if m["role"] == "user"]
+    assert said == ["chat: bananas", "chat: which fruit"], said
+
+
+def test_start_over_cancels_the_warming_of_the_conversation_it_ends(tmp_path):
+    """A hostile tester's finding: "start over" typed while the start's
+    warming request still ran left it running (the server kept evaluating a
+    conversation that had ended); the new conversation now cancels it."""
+    with RecordingLLM(hold_warms=True) as server:
+        chat = start_chat(tmp_path, server)
+        say(chat, server, 0)
+        pause(server)
+        finish(chat)
+        warms = len(server.of("warm"))
+        chat = start_chat(tmp_path, server)
+        wait_for(lambda: len(server.of("warm")) > warms, "the start's warming request")
+        typed = time.monotonic()
+        chat.stdin.write("start over\n")
+        chat.stdin.flush()
+        wait_for(lambda: server.warms_dropped, "the warming request dropped by the client", timeout=5)
+        finish(chat)
+    assert server.warms_dropped[0] - typed < 2.0

@@ -10,10 +10,10 @@ the next turn's request begins with a prefix the server has never seen,
 and it would evaluate all of it while the person waits. One request with
 that prefix and a one-token reply, sent while the person is silent, has
 the server evaluate it then. The same once when the service starts
-(voice.agent.moving_window's `warm_first`): the system prompt and the tool
-schemas alone are some 500 tokens (SmolLM2's tokens, the built-in tools),
-about a second of a 2-core CPU, which the first request would otherwise wait
-for:
+(voice.agent.moving_window's `warm_first`; not recorded): the system prompt
+and the tool schemas alone are some 500 tokens (SmolLM2's tokens, the
+built-in tools), about a second of a 2-core CPU, which the first request
+would otherwise wait for:
 
 - llama.cpp (llama-server; llama-cpp-python's server) keeps the KV cache of
   the prompt it evaluated last and reuses its longest common prefix with
@@ -73,11 +73,31 @@ async def warm(store: EventStore, provider: Provider, conversation: str, turn: i
     """Send `request` (the next turn's prefix) for one token, so the server
     holds it evaluated; recorded as an `assistant/attempt` with reason
     `warm` (its token is no reply: never history), filed under `turn`, the
-    turn it followed (None: the service has just started, no turn yet).
-    True when it was answered."""
-    place = Place(conversation, turn, WARM_STEP, 0) if turn is not None else Place(conversation)
-    message_id = f"warm_{turn}" if turn is not None else "warm_start"
-    if await ask(store, provider, place, replace(request, max_tokens=1), message_id) is None:
+    turn it followed. True when it was answered.
+
+    `turn` None: the service has just started, and nothing is recorded. A
+    row would make the conversation the latest one, so that opening an old
+    conversation and leaving it at once would change which one the next
+    start resumes (a hostile tester's finding)."""
+    request = replace(request, max_tokens=1)
+    if turn is None:
+        return await _unrecorded(provider, request)
+    place = Place(conversation, turn, WARM_STEP, 0)
+    if await ask(store, provider, place, request, f"warm_{turn}") is None:
         return False
-    rows.attempt(store, place, "warm", message_id=message_id, content=[], route=route_of(provider))
+    rows.attempt(store, place, "warm", message_id=f"warm_{turn}", content=[], route=route_of(provider))
+    return True
+
+
+async def _unrecorded(provider: Provider, request: ModelRequest) -> bool:
+    """Stream `request` to its end, keeping nothing; False when it failed."""
+    stream = provider.stream(request)
+    try:
+        async for _delta in stream:
+            pass
+    except ProviderError:
+        return False
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            await stream.aclose()
     return True

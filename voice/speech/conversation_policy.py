@@ -60,6 +60,7 @@ class ConversationPolicy:
         """End the conversation (unless nothing happened in it yet) and
         answer from now on in a new one."""
         before = self.conversation
+        self.agent.cancel_idle()  # a summary or warming of the conversation that ends is of no more use
         self.agent.conversation = end_and_open(self.store, before, reason, idle_s=idle_s, words=words)
         if self.conversation != before and self.aside is not None:
             self.aside(f"(conversation ended: {reason}; new conversation {self.conversation})")

@@ -85,14 +85,20 @@ class OpenAICompatibleProvider:
         try:
             async for chunk in sdk_stream:
                 chunks += 1
-                if not chunk.choices:  # usage-only chunk
-                    continue
-                choice = chunk.choices[0]
-                if choice.delta is not None:
-                    for delta in _deltas(choice.delta):
-                        yield delta
-                if choice.finish_reason is not None and finish is None:
-                    finish = str(choice.finish_reason)
+                try:  # (the SDK builds chunks without checking them: a server's odd one surfaces here)
+                    if not chunk.choices:  # usage-only chunk
+                        continue
+                    choice = chunk.choices[0]
+                    deltas = _deltas(choice.delta) if choice.delta is not None else []
+                    ended = choice.finish_reason
+                except (AttributeError, TypeError, IndexError, KeyError) as e:
+                    raise ProviderError(
+                        f"the model server sent a chunk that is not a chat-completion chunk ({e}): "
+                        f"{_shown(chunk)}; it must speak OpenAI's streaming format", retryable=False) from None
+                for delta in deltas:
+                    yield delta
+                if ended is not None and finish is None:
+                    finish = str(ended)
                     yield Finish(finish)
         except _TRANSLATED as e:
             raise self._translate(e, started=True) from e
@@ -193,6 +199,8 @@ def _deltas(delta: Any) -> list[Delta]:
         if isinstance(value, str) and value:
             out.append(ReasoningDelta(value))
             break
+    if delta.content is not None and not isinstance(delta.content, str):
+        raise TypeError(f"its content is {type(delta.content).__name__}, not text")
     if delta.content:
         out.append(TextDelta(delta.content))
     if getattr(delta, "refusal", None):
@@ -209,6 +217,15 @@ def _deltas(delta: Any) -> list[Delta]:
             )
         )
     return out
+
+
+def _shown(chunk: Any) -> str:
+    """A chunk as the server sent it, cut short for a one-line error."""
+    try:
+        text = json.dumps(chunk.model_dump(exclude_unset=True))
+    except Exception:  # noqa: BLE001 - an object the SDK could not even dump: its repr says what it is
+        text = repr(chunk)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _server_message(e: openai.APIStatusError) -> str:
