@@ -245,8 +245,10 @@ class AgentLoop:
                                      self.settings.warm_cache, fresh)
 
     def _request(self, window: Window, schemas: list[dict[str, Any]]) -> ModelRequest:
+        # (a reply stays within what the budget kept free for it: a small model may otherwise ramble to the end of
+        # the server's context, minutes of speech, while a test beside a busy machine timed out waiting)
         return ModelRequest(messages=provider_messages(window.messages, self.settings.system_prompt),
-                            tools=schemas, tool_results=window.tool_results)
+                            tools=schemas, tool_results=window.tool_results, max_tokens=self.settings.reply_tokens)
 
     # -- steps -------------------------------------------------------------
 
